@@ -1,0 +1,1 @@
+"""Prefect orchestration of the ``lopd`` stages (no logic lives here)."""

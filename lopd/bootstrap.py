@@ -1,0 +1,141 @@
+"""Stage `bootstrap`: the embedded base policy — a tiny Qwen3 that is mediocre at ToolWorld.
+
+Trains a BPE tokenizer on noisy-expert demonstrations, builds a randomly initialised
+``Qwen3ForCausalLM`` from ``model.*`` params, pre-trains it on those demonstrations (loss on
+the actions only) and saves a plain Hugging Face directory. The demonstrations are noisy on
+purpose: the base should succeed sometimes, like the paper's vanilla models, so that the
+bank has successes and distillation has room to improve. With ``model.path`` set, the
+checkpoint there is the base and nothing is trained.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from lopd import layout
+from lopd.config import Params
+from lopd.envs.toolworld import NoisyExpert, ScriptedExpert, ToolWorldEnv, run_episode
+from lopd.io import atomic_path, write_json
+from lopd.policy import make_engine, split_tasks
+
+log = logging.getLogger(__name__)
+
+
+def expert_success(p: Params) -> dict[str, float]:
+    """Scripted-expert success per split: the environment is solvable as specified."""
+    out = {}
+    for split in ("train", "dev", "test"):
+        tasks = split_tasks(p, split, p.bootstrap.expert_check_tasks)
+        wins = sum(
+            run_episode(ToolWorldEnv(t, p.env.max_turns, p.env.success_threshold), ScriptedExpert())["success"]
+            for t in tasks
+        )
+        out[split] = wins / len(tasks)
+    return out
+
+
+def demonstrations(p: Params) -> tuple[list[tuple[list[dict], list[str], list[str]]], float]:
+    """(initial messages, actions, observations) of noisy-expert episodes on train tasks,
+    and the share of them that succeed."""
+    expert = NoisyExpert(p.bootstrap.demo_error_rate, seed=p.seed)
+    demos, wins = [], 0
+    for task in split_tasks(p, "train", p.bootstrap.n_demos):
+        env = ToolWorldEnv(task, p.env.max_turns, p.env.success_threshold)
+        messages = env.initial_observation()
+        ep = run_episode(env, expert)
+        demos.append((messages, ep["actions"], ep["observations"]))
+        wins += ep["success"]
+    return demos, wins / len(demos)
+
+
+def pretrain_base(p: Params, demos, on_step=None):
+    """Tokenizer + tiny Qwen3 trained on the demos; returns (model, tokenizer, losses)."""
+    from lopd.lm_train import train_causal_lm
+    from lopd.modeling import build_tiny_qwen3, train_tokenizer
+    from lopd.rollout import tokenize_episode
+
+    def corpus():
+        for messages, actions, observations in demos:
+            convo = list(messages)
+            for i, action in enumerate(actions):
+                convo.append({"role": "assistant", "content": action})
+                if i < len(observations):
+                    convo.append({"role": "tool", "content": observations[i]})
+            yield "".join(f"{m['role']}\n{m['content']}\n" for m in convo)
+
+    tokenizer = train_tokenizer(corpus(), p.model.vocab_size)
+    tokenizer.padding_side = "left"
+    examples = [tokenize_episode(tokenizer, *d) for d in demos]
+    model = build_tiny_qwen3(p.model, tokenizer, seed=p.seed)
+    losses = train_causal_lm(
+        model,
+        examples,
+        pad_id=tokenizer.pad_token_id,
+        epochs=p.bootstrap.epochs,
+        lr=p.bootstrap.lr,
+        batch_size=p.bootstrap.batch_size,
+        warmup_frac=p.bootstrap.warmup_frac,
+        weight_decay=p.bootstrap.weight_decay,
+        seed=p.seed,
+        on_step=on_step,
+        desc="pretrain",
+    )
+    return model, tokenizer, losses, examples
+
+
+def run(p: Params) -> dict:
+    """Build (or adopt) the base policy and measure it; writes ``metrics/bootstrap.json``."""
+    import mlflow
+
+    from lopd.modeling import load_policy, n_params
+    from lopd.tracking import stage_run
+
+    t0 = time.perf_counter()
+    with stage_run(p, "bootstrap"):
+        expert = expert_success(p)
+        mlflow.log_metrics({f"expert_success_{k}": v for k, v in expert.items()})
+        log.info("scripted expert success: %s", expert)
+        info: dict = {"skipped": bool(p.model.path)}
+        if p.model.path:
+            path = layout.policy_path(p)  # validates model.path before any compute
+            log.info("model.path = %s: using that checkpoint as the base, nothing to pre-train", path)
+        else:
+            td = time.perf_counter()
+            demos, demo_success = demonstrations(p)
+            def on_step(step, loss, lr):
+                if step % 10 == 0:
+                    mlflow.log_metrics({"pretrain_loss": loss, "pretrain_lr": lr}, step=step)
+
+            model, tokenizer, losses, examples = pretrain_base(p, demos, on_step)
+            path = layout.base_model_dir(p)
+            with atomic_path(path) as tmp:
+                model.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
+            info.update(
+                n_demos=len(demos),
+                demo_success_rate=demo_success,
+                demo_tokens=sum(len(ids) for ids, _ in examples),
+                pretrain_steps=len(losses),
+                final_loss=sum(losses[-10:]) / len(losses[-10:]),
+                pretrain_s=time.perf_counter() - td,
+            )
+        model, tokenizer = load_policy(path, p.model.dtype)
+        engine = make_engine(p, model, tokenizer)
+        trajs = engine.run(split_tasks(p, "dev", p.bootstrap.eval_dev_tasks), seed=p.seed, id_prefix="dev")
+        dev_success = sum(t.success for t in trajs) / len(trajs)
+        dev_reward = sum(t.reward for t in trajs) / len(trajs)
+        metrics = {
+            "params": p.flat(),
+            "expert_success_rate": min(expert.values()),
+            "expert_success_by_split": expert,
+            "dev_success_rate": dev_success,
+            "dev_mean_reward": dev_reward,
+            "n_params": n_params(model),
+            "model_path": str(path),
+            **info,
+            "wall_s": time.perf_counter() - t0,
+        }
+        mlflow.log_metrics({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        write_json(layout.metrics_path(p, "bootstrap"), metrics)
+    return metrics

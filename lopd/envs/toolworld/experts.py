@@ -1,0 +1,103 @@
+"""Scripted and noisy experts for ToolWorld, and a helper that plays an episode.
+
+The expert re-derives its plan from the history at every turn (what earlier tool results
+showed, which calls succeeded), so it recovers from any earlier mistake it can recover from.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Protocol
+
+from .env import ToolWorldEnv
+from .families import REGISTRY
+from .families.base import ID_RE, Done, Step, typo_id
+from .protocol import format_tool_call, load_observation, parse_action
+from .tasks import Task
+
+History = list[tuple[str, str | None]]
+# How mistakes split: mechanical slips the tools reject (the expert recovers), premature
+# final answers (e.g. a skipped confirmation), and the family's own misconceptions.
+SLIP_SHARE, QUIT_SHARE = 0.15, 0.3
+
+
+class Agent(Protocol):
+    def act(self, task: Task, history: History) -> str: ...
+
+
+def observed(history: History) -> Done:
+    """Successful ``(tool_call, result)`` pairs in a history."""
+    done = []
+    for action, observation in history:
+        call, _ = parse_action(action)
+        result = load_observation(observation)
+        if call is not None and result is not None:
+            done.append((call, result))
+    return done
+
+
+def render(step: Step) -> str:
+    return step if isinstance(step, str) else format_tool_call(*step)
+
+
+class ScriptedExpert:
+    """Solves every task by following the family's plan from what it has observed."""
+
+    def act(self, task: Task, history: History) -> str:
+        return render(REGISTRY[task.family].next_step(task.goal, observed(history)))
+
+
+class NoisyExpert:
+    """The expert, except that each decision is a realistic mistake with probability ``error_rate``.
+
+    Mistakes are slips (malformed JSON, a typo'd id; the tools reject them and the expert
+    recovers) or misconceptions: a premature final answer (e.g. skipping a confirmation) and
+    the family's own (wrong unit/format, wrong entity, wrong call order). Deterministic in
+    ``(seed, task_id, turn)``, so it does not depend on the order episodes are played in.
+    """
+
+    def __init__(self, error_rate: float, seed: int) -> None:
+        self.error_rate = error_rate
+        self.seed = seed
+
+    def act(self, task: Task, history: History) -> str:
+        family = REGISTRY[task.family]
+        done = observed(history)
+        step = family.next_step(task.goal, done)
+        rng = random.Random(f"{self.seed}/{task.task_id}/{len(history)}")
+        if rng.random() >= self.error_rate:
+            return render(step)
+        if isinstance(step, str):
+            options = family.mistakes(task.goal, done, step, rng)
+            return rng.choice(options) if options else step
+        kind = rng.random()
+        options = family.mistakes(task.goal, done, step, rng)
+        if kind < SLIP_SHARE:
+            return self._slip(step, rng)
+        if kind < SLIP_SHARE + QUIT_SHARE or not options:
+            return "Done."
+        return rng.choice(options)
+
+    @staticmethod
+    def _slip(step: tuple[str, dict], rng: random.Random) -> str:
+        """A mechanical slip the tools reject: malformed JSON or a typo'd id."""
+        name, args = step
+        ids = [k for k, v in args.items() if isinstance(v, str) and ID_RE.match(v)]
+        if ids and rng.random() < 0.5:
+            return format_tool_call(name, {**args, ids[0]: typo_id(args[ids[0]], rng)})
+        return render(step)[: -len("}</tool_call>")] + "</tool_call>"
+
+
+def run_episode(env: ToolWorldEnv, agent: Agent) -> dict:
+    """Play ``agent`` in ``env`` to the end."""
+    history: History = []
+    shorts = []
+    while True:
+        action = agent.act(env.task, history)
+        result = env.step(action)
+        history.append((action, result.observation))
+        shorts.append(result.info["short"])
+        if result.done:
+            break
+    return {"actions": [a for a, _ in history], "observations": [o for _, o in history], "shorts": shorts,
+            "reward": result.reward, "success": result.info["success"], "n_turns": len(history)}

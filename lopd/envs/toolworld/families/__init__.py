@@ -1,0 +1,11 @@
+"""The ToolWorld task families (apps), by name."""
+
+from .banking import Banking
+from .base import Backend, Family, Tool, ToolError
+from .calendar import Calendar
+from .shop import Shop
+from .smarthome import SmartHome
+
+REGISTRY: dict[str, Family] = {f.name: f for f in (Banking(), Calendar(), Shop(), SmartHome())}
+
+__all__ = ["REGISTRY", "Backend", "Family", "Tool", "ToolError"]

@@ -1,0 +1,45 @@
+"""Where each stage reads and writes, relative to ``paths.root`` (one place, so DVC, the CLI
+and the tests agree)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lopd.config import Params, ParamsError
+
+
+def models_dir(p: Params) -> Path:
+    return p.root() / "models"
+
+
+def base_model_dir(p: Params) -> Path:
+    return models_dir(p) / "base"
+
+
+def policy_path(p: Params) -> Path:
+    """The base policy: ``model.path`` when set (a real checkpoint), else the bootstrapped tiny model."""
+    if p.model.path:
+        path = Path(p.model.path).expanduser()
+        if not (path / "config.json").exists():
+            raise ParamsError(
+                f"params: model.path = {p.model.path!r} is not a local Hugging Face checkpoint "
+                "(no config.json there); point it at a downloaded model directory or set it to null"
+            )
+        return path
+    return base_model_dir(p)
+
+
+def data_dir(p: Params) -> Path:
+    return p.root() / "data"
+
+
+def rollouts_dir(p: Params) -> Path:
+    return data_dir(p) / "rollouts"
+
+
+def bank_dir(p: Params) -> Path:
+    return data_dir(p) / "bank"
+
+
+def metrics_path(p: Params, stage: str) -> Path:
+    return p.root() / "metrics" / f"{stage}.json"

@@ -1,0 +1,97 @@
+"""Masked next-token training: pre-training the base on demonstrations, SFT baselines.
+
+Only action tokens carry loss (prompt and tool observations are context), batches are
+length-bucketed so padding stays small, and the schedule is linear warm-up + cosine decay.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Callable, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+IGNORE = -100
+
+
+def make_batches(lengths: Sequence[int], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """Shuffle, bucket by length within windows of 16 batches, then shuffle the batches."""
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    window = batch_size * 16
+    batches = []
+    for i in range(0, len(order), window):
+        chunk = sorted(order[i : i + window], key=lambda j: lengths[j])
+        batches += [chunk[k : k + batch_size] for k in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``input_ids_BT``, ``attention_BT`` and ``labels_BT`` (IGNORE off the action mask)."""
+    width = max(len(ids) for ids, _ in examples)
+    ids_BT = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    attn_BT = torch.zeros_like(ids_BT)
+    labels_BT = torch.full_like(ids_BT, IGNORE)
+    for i, (ids, mask) in enumerate(examples):
+        t = torch.tensor(ids)
+        ids_BT[i, : len(ids)] = t
+        attn_BT[i, : len(ids)] = 1
+        labels_BT[i, : len(ids)] = torch.where(torch.tensor(mask, dtype=torch.bool), t, IGNORE)
+    return ids_BT, attn_BT, labels_BT
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def train_causal_lm(
+    model: torch.nn.Module,
+    examples: Sequence[tuple[list[int], list[int]]],
+    *,
+    pad_id: int,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    warmup_frac: float = 0.05,
+    weight_decay: float = 0.0,
+    grad_clip: float = 1.0,
+    seed: int = 0,
+    on_step: Callable[[int, float, float], None] | None = None,
+    desc: str = "train",
+) -> list[float]:
+    """AdamW on the masked NLL; returns the per-step losses. ``on_step(step, loss, lr)`` logs."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    lengths = [len(ids) for ids, _ in examples]
+    plan = [make_batches(lengths, batch_size, rng) for _ in range(epochs)]
+    total = sum(len(p) for p in plan)
+    warmup = max(1, int(warmup_frac * total))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+    device = next(model.parameters()).device
+    model.train()
+    losses: list[float] = []
+    with tqdm(total=total, desc=desc, unit="step", leave=False) as bar:
+        for epoch_batches in plan:
+            for batch in epoch_batches:
+                step = len(losses)
+                for group in opt.param_groups:
+                    group["lr"] = lr_at(step, total, lr, warmup)
+                ids_BT, attn_BT, labels_BT = (x.to(device) for x in collate([examples[i] for i in batch], pad_id))
+                loss = model(input_ids=ids_BT, attention_mask=attn_BT, labels=labels_BT).loss
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+                opt.step()
+                losses.append(loss.item())
+                if on_step:
+                    on_step(step, losses[-1], opt.param_groups[0]["lr"])
+                bar.set_postfix(loss=f"{losses[-1]:.3f}")
+                bar.update(1)
+    model.eval()
+    return losses

@@ -1,0 +1,28 @@
+"""A policy plus the environment: the rollout engine configured from params."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from lopd.backends import make_backend
+from lopd.config import Params
+from lopd.envs.toolworld import ToolWorldEnv, make_tasks
+from lopd.rollout import RolloutEngine
+
+
+def make_engine(p: Params, model, tokenizer) -> RolloutEngine:
+    backend = make_backend(p.rollout.backend, model, tokenizer, p.rollout.temperature, p.rollout.top_p)
+    return RolloutEngine(
+        backend,
+        tokenizer,
+        make_env=lambda task: ToolWorldEnv(task, max_turns=p.env.max_turns, success_threshold=p.env.success_threshold),
+        max_new_tokens=p.rollout.max_new_tokens,
+        batch_size=p.rollout.batch_size,
+        max_seq_len=getattr(model.config, "max_position_embeddings", 1 << 15),
+    )
+
+
+def split_tasks(p: Params, split: str, n: int | None = None) -> Sequence:
+    """The first ``n`` tasks of a split (default: the split's configured size)."""
+    size = {"train": p.env.n_train, "dev": p.env.n_dev, "test": p.env.n_test}[split]
+    return make_tasks(split, min(n or size, size), seed=p.env.task_seed, families=p.env.families)
