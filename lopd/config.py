@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 PROFILES_DIR = Path("configs/profiles")
 DEFAULT_PROFILE = "demo"
@@ -36,7 +36,7 @@ class ModelParams(_Section):
     num_kv_heads: int = Field(2, ge=1, description="Key/value heads (GQA); must divide num_heads")
     head_dim: int = Field(32, ge=4, description="Per-head width")
     intermediate_size: int = Field(384, ge=8, description="MLP width")
-    max_position_embeddings: int = Field(1024, ge=64, description="Longest sequence the tiny model supports")
+    max_position_embeddings: int = Field(2048, ge=64, description="Longest sequence the tiny model supports")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype (float32 on CPU)")
 
     @model_validator(mode="after")
@@ -66,6 +66,16 @@ class EnvParams(_Section):
     n_train: int = Field(4000, ge=1, description="Train tasks generated")
     n_dev: int = Field(300, ge=1, description="Dev tasks (tuning only)")
     n_test: int = Field(300, ge=1, description="Test tasks (final evaluation only, never tuning)")
+
+    @field_validator("families")
+    @classmethod
+    def _known_families(cls, v: list[str] | None) -> list[str] | None:
+        from lopd.envs.toolworld import FAMILIES
+
+        unknown = sorted(set(v or []) - set(FAMILIES))
+        if unknown or v == []:
+            raise ValueError(f"env.families = {v} is invalid: allowed families are {FAMILIES} (or null for all)")
+        return v
 
 
 class RolloutParams(_Section):

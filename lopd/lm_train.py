@@ -43,6 +43,19 @@ def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tup
     return ids_BT, attn_BT, labels_BT
 
 
+def masked_nll(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
+    """Mean NLL of the labelled (action) tokens.
+
+    Projects only the positions that carry a label through the LM head: with actions a quarter
+    of the tokens, this skips most of the vocabulary matmul a full ``model(labels=...)`` does.
+    """
+    h_BTD = model.get_decoder()(input_ids=ids_BT, attention_mask=attn_BT).last_hidden_state
+    tgt_BT = labels_BT[:, 1:]
+    sel_BT = tgt_BT != IGNORE
+    logits_ND = model.get_output_embeddings()(h_BTD[:, :-1][sel_BT])
+    return torch.nn.functional.cross_entropy(logits_ND.float(), tgt_BT[sel_BT])
+
+
 def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -83,7 +96,7 @@ def train_causal_lm(
                 for group in opt.param_groups:
                     group["lr"] = lr_at(step, total, lr, warmup)
                 ids_BT, attn_BT, labels_BT = (x.to(device) for x in collate([examples[i] for i in batch], pad_id))
-                loss = model(input_ids=ids_BT, attention_mask=attn_BT, labels=labels_BT).loss
+                loss = masked_nll(model, ids_BT, attn_BT, labels_BT)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)

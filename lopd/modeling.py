@@ -33,9 +33,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def train_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
     """Byte-level BPE trained offline on ``corpus``, with Qwen3's chat tokens and template."""
     tok = Tokenizer(models.BPE())
-    # Digits and spaces are split off (as Qwen splits digits): an id, a name or an amount is then
-    # the same token sequence in the task text, in a tool result and in an action, which makes
-    # copying learnable for a tiny model.
+    # Digits are split one by one (as Qwen does) and spaces stand alone, so a name, an id or an
+    # amount is the same token sequence in the task, in a tool result and in an action.
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Digits(individual_digits=True),

@@ -161,7 +161,8 @@ class RolloutEngine:
 def tokenize_episode(tokenizer, messages: list[dict], actions: list[str], observations: list[str]) -> tuple[list[int], list[int]]:
     """Token ids and action mask of a scripted episode, built exactly as a rollout would build it.
 
-    ``observations[i]`` follows ``actions[i]``; the last action (the final answer) has none.
+    ``observations[i]`` follows ``actions[i]``; a missing or ``None`` one (after the final
+    answer, or when the turn limit ended the episode) adds nothing.
     """
     fmt = ChatFormat.from_tokenizer(tokenizer)
     traj = Trajectory("demo", "", "", 0)
@@ -169,6 +170,6 @@ def tokenize_episode(tokenizer, messages: list[dict], actions: list[str], observ
     eos = [tokenizer.eos_token_id]
     for i, action in enumerate(actions):
         traj.append(encode(tokenizer, action) + eos, is_action=True)
-        if i < len(observations):
+        if i < len(observations) and observations[i] is not None:
             traj.append(encode(tokenizer, fmt.observation_chunk(observations[i], closed=True)), is_action=False)
     return traj.token_ids, traj.action_mask

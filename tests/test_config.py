@@ -69,7 +69,7 @@ def test_unknown_key_lists_allowed(repo):
 
 def test_cross_field_rule(repo):
     with pytest.raises(ParamsError, match="num_kv_heads = 3 must divide model.num_heads = 4"):
-        load_params(repo / "params.yaml", "smoke", ["model.num_kv_heads=3"])
+        load_params(repo / "params.yaml", "demo", ["model.num_kv_heads=3"])
 
 
 def test_bad_set_syntax_and_unknown_profile(repo):

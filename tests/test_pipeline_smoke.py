@@ -1,0 +1,85 @@
+"""bootstrap → collect end to end at the smoke profile, into a temporary project root."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from lopd import collect, layout
+from lopd.cli import main
+from lopd.config import load_params
+from lopd.validation import DataValidationError
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory, request):
+    root = tmp_path_factory.mktemp("smoke")
+    repo = request.config.rootpath
+    args = ["--params", str(repo / "params.yaml"), "--profile", "smoke", "--set", f"paths.root={root}"]
+    assert main(["-q", "run", *args]) == 0
+    return load_params(repo / "params.yaml", "smoke", [f"paths.root={root}"])
+
+
+def test_bootstrap_outputs_a_loadable_hf_checkpoint_and_metrics(smoke):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = layout.base_model_dir(smoke)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    assert "<|LATENT_PH|>" in tok.get_vocab() and tok.chat_template
+    assert len(tok("<tool_call>", add_special_tokens=False)["input_ids"]) == 1
+    m = json.loads(layout.metrics_path(smoke, "bootstrap").read_text())
+    assert {"params", "expert_success_rate", "dev_success_rate"} <= set(m)
+    assert m["expert_success_rate"] >= 0.99
+    assert m["params"]["distill.margin"] == smoke.distill.margin and m["n_params"] == sum(p.numel() for p in model.parameters())
+
+
+def test_collect_writes_validated_rollouts_bank_and_metrics(smoke):
+    df = pd.read_parquet(layout.rollouts_dir(smoke) / collect.ROLLOUTS_FILE)
+    assert len(df) == smoke.collect.n_tasks * smoke.collect.samples_per_task
+    assert df["rollout_id"].is_unique and set(df["split"]) == {"train"}
+    row = df.iloc[0]
+    assert len(row["token_ids"]) == len(row["action_mask"]) == len(row["logprobs"]) == row["n_tokens"]
+    assert sum(row["action_mask"]) == row["n_gen_tokens"] > 0
+    bank = pd.concat([pd.read_parquet(f) for f in layout.bank_dir(smoke).glob("*.parquet")])
+    assert list(bank.columns) == list(collect.BANK_COLUMNS)
+    assert len(bank) == int(df["success"].sum())
+    m = json.loads(layout.metrics_path(smoke, "collect").read_text())
+    assert {"n_rollouts", "success_rate", "mean_reward", "n_bank", "gen_tokens_per_s"} <= set(m)
+    assert m["n_rollouts"] == len(df) and m["n_bank"] == len(bank) and m["gen_tokens_per_s"] > 0
+    assert m["mean_reward"] == pytest.approx(df["reward"].mean())
+
+
+def test_each_stage_is_an_mlflow_run_with_params_and_metrics(smoke):
+    import mlflow
+
+    from lopd.tracking import tracking_uri
+
+    mlflow.set_tracking_uri(tracking_uri(smoke))
+    runs = mlflow.search_runs(experiment_names=["lopd"], output_format="list")
+    by_stage = {r.data.tags["stage"]: r for r in runs}
+    assert set(by_stage) == {"bootstrap", "collect"}
+    assert by_stage["collect"].data.params["distill.margin"] == str(smoke.distill.margin)
+    assert "success_rate" in by_stage["collect"].data.metrics
+    assert by_stage["bootstrap"].data.tags["params_hash"] == smoke.digest()
+    assert str(tracking_uri(smoke)).startswith(f"sqlite:///{smoke.root()}")
+
+
+def test_failed_validation_writes_nothing_and_keeps_previous_data(smoke, monkeypatch):
+    before = {p: p.read_bytes() for d in (layout.rollouts_dir(smoke), layout.bank_dir(smoke)) for p in d.iterdir()}
+
+    def broken_frame(*a, **k):
+        df = real_frame(*a, **k)
+        df.loc[0, "reward"] = 1.5
+        return df
+
+    real_frame = collect.rollouts_frame
+    monkeypatch.setattr(collect, "rollouts_frame", broken_frame)
+    with pytest.raises(DataValidationError, match=r"expect_column_values_to_be_between\(reward\) failed on 1 of"):
+        collect.run(smoke)
+    after = {p: p.read_bytes() for d in (layout.rollouts_dir(smoke), layout.bank_dir(smoke)) for p in d.iterdir()}
+    assert after == before
+    assert not [p for p in layout.data_dir(smoke).iterdir() if p.name.startswith(".")]  # no temp leftovers

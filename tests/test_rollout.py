@@ -1,0 +1,106 @@
+"""The batched multi-turn rollout engine: token bookkeeping, determinism, budget accounting."""
+
+import pytest
+import torch
+
+from lopd.backends import HFBackend
+from lopd.chat import ChatFormat, encode, render_prompt
+from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, make_tasks, run_episode
+from lopd.rollout import RolloutBudget, RolloutEngine, tokenize_episode
+from tests.helpers import ReplayBackend, tiny_model, tiny_tokenizer
+
+
+def _env(task):
+    return ToolWorldEnv(task, max_turns=8)
+
+
+def _expert_episodes(tok, tasks):
+    episodes, expected = {}, {}
+    for task in tasks:
+        env = _env(task)
+        messages = env.initial_observation()
+        ep = run_episode(env, ScriptedExpert())
+        key = tuple(encode(tok, render_prompt(tok, messages)))
+        episodes[key] = ep["actions"]
+        expected[task.task_id] = tokenize_episode(tok, messages, ep["actions"], ep["observations"][:-1])
+    return episodes, expected
+
+
+def test_chat_format_is_qwen3_style():
+    fmt = ChatFormat.from_tokenizer(tiny_tokenizer())
+    assert fmt.after_eos == "\n"
+    assert fmt.observation_chunk("OBS", closed=True) == (
+        "\n<|im_start|>user\n<tool_response>\nOBS\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert fmt.observation_chunk("OBS", closed=False).startswith("<|im_end|>\n")
+
+
+def test_engine_replaying_the_expert_succeeds_and_matches_tokenize_episode():
+    tok = tiny_tokenizer()
+    tasks = make_tasks("dev", 12)
+    episodes, expected = _expert_episodes(tok, tasks)
+    engine = RolloutEngine(ReplayBackend(tok, episodes), tok, _env, max_new_tokens=64, batch_size=5, max_seq_len=4096)
+    trajs = engine.run(tasks, progress=False)
+    assert [t.task_id for t in trajs] == [t.task_id for t in tasks]  # refill keeps the task order
+    for traj in trajs:
+        ids, mask = expected[traj.task_id]
+        assert traj.success and traj.reward == 1.0
+        assert traj.token_ids == ids and traj.action_mask == mask  # what was generated is what is scored
+        assert len(traj.logprobs) == len(traj.token_ids)
+        assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.action_mask) if not m)
+        actions_text = tok.decode([i for i, m in zip(traj.token_ids, traj.action_mask) if m], skip_special_tokens=True)
+        assert actions_text == "".join(traj.actions)
+    assert engine.stats.n_trajectories == 12 and engine.stats.gen_tokens == sum(t.n_gen_tokens for t in trajs)
+
+
+def test_hf_backend_sampling_is_seeded_and_logprobs_are_valid():
+    tok, model = tiny_tokenizer(), tiny_model()
+    backend = HFBackend(model, tok, temperature=0.7, top_p=0.95)
+    engine = RolloutEngine(backend, tok, lambda t: ToolWorldEnv(t, max_turns=2), max_new_tokens=12, batch_size=3, max_seq_len=4096)
+    tasks = make_tasks("dev", 4)
+    a = engine.run(tasks, samples_per_task=2, seed=7, progress=False)
+    b = engine.run(tasks, samples_per_task=2, seed=7, progress=False)
+    c = engine.run(tasks, samples_per_task=2, seed=8, progress=False)
+    assert [t.token_ids for t in a] == [t.token_ids for t in b]
+    assert [t.token_ids for t in a] != [t.token_ids for t in c]
+    assert len(a) == 8 and len({t.rollout_id for t in a}) == 8
+    for t in a:
+        gen = [lp for lp, m in zip(t.logprobs, t.action_mask) if m]
+        assert len(gen) == t.n_gen_tokens > 0
+        assert all(lp <= 1e-6 for lp in gen) and all(lp > -float("inf") for lp in gen)
+        assert len(t.actions) <= 2 and 0.0 <= t.reward <= 1.0
+
+
+def test_sampling_logprobs_match_a_recomputed_forward_pass():
+    """At temperature 1, top-p 1 the recorded log-probs are the model's own next-token log-probs."""
+    tok, model = tiny_tokenizer(), tiny_model()
+    engine = RolloutEngine(HFBackend(model, tok, 1.0, 1.0), tok, lambda t: ToolWorldEnv(t, max_turns=2), 10, 2, 4096)
+    traj = engine.run(make_tasks("dev", 1), seed=3, progress=False)[0]
+    with torch.no_grad():
+        logits = model(torch.tensor([traj.token_ids])).logits[0].log_softmax(-1)
+    ids = torch.tensor(traj.token_ids)
+    recomputed = logits[:-1].gather(-1, ids[1:, None])[:, 0]
+    mask = torch.tensor(traj.action_mask[1:], dtype=torch.bool)
+    torch.testing.assert_close(recomputed[mask], torch.tensor(traj.logprobs[1:])[mask], atol=1e-4, rtol=1e-4)
+
+
+def test_budget_counts_every_trajectory_and_enforces_its_limit():
+    tok = tiny_tokenizer()
+    tasks = make_tasks("dev", 3)
+    episodes, _ = _expert_episodes(tok, tasks)
+    engine = RolloutEngine(ReplayBackend(tok, episodes), tok, _env, 64, 2, 4096)
+    budget = RolloutBudget(limit=7)
+    engine.run(tasks, samples_per_task=2, budget=budget, progress=False)
+    assert budget.used == 6
+    with pytest.raises(RuntimeError, match="rollout budget exhausted: 6 used \\+ 3 requested > limit 7"):
+        engine.run(tasks, budget=budget, progress=False)
+
+
+def test_context_limit_ends_the_episode_as_truncated():
+    tok = tiny_tokenizer()
+    tasks = make_tasks("dev", 1)
+    episodes, _ = _expert_episodes(tok, tasks)
+    prompt_len = len(next(iter(episodes)))
+    engine = RolloutEngine(ReplayBackend(tok, episodes), tok, _env, 64, 1, max_seq_len=prompt_len + 100)
+    traj = engine.run(tasks, progress=False)[0]
+    assert traj.truncated and len(traj.token_ids) <= prompt_len + 100 + 64
