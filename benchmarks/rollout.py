@@ -66,6 +66,8 @@ def main() -> None:
     print(f"{'':28s}{'gen tokens':>12s}{'wall s':>10s}{'tokens/s':>12s}")
     print(f"{'raw model.generate (1 turn)':28s}{raw_tokens:>12d}{raw_tokens / raw_tps:>10.2f}{raw_tps:>12.1f}")
     print(f"{'multi-turn engine':28s}{s.gen_tokens:>12d}{s.wall_s:>10.2f}{s.gen_tokens_per_s:>12.1f}")
+    print(f"engine time in backend.generate: {s.backend_s:.2f}s ({s.backend_s / s.wall_s:.0%}); "
+          f"env + tokenisation + bookkeeping: {s.wall_s - s.backend_s:.2f}s")
     print(f"episodes: {len(trajs)}  turns: {turns}  backend calls: {s.backend_calls}  "
           f"success: {sum(t.success for t in trajs) / len(trajs):.3f}")
     print(f"ratio engine/raw: {s.gen_tokens_per_s / raw_tps:.3f}  (target >= 0.7)")

@@ -65,6 +65,7 @@ class RolloutStats:
     gen_tokens: int
     wall_s: float
     backend_calls: int
+    backend_s: float = 0.0  # inside the backend (prefill + decode); the rest is env + bookkeeping
 
     @property
     def gen_tokens_per_s(self) -> float:
@@ -104,12 +105,14 @@ class RolloutEngine:
         queue = deque((task, s) for task in tasks for s in range(samples_per_task))
         done: list[Trajectory] = []
         active: list[tuple[Trajectory, object]] = []
-        t0, gen_tokens, calls = time.perf_counter(), 0, 0
+        t0, gen_tokens, calls, backend_s = time.perf_counter(), 0, 0, 0.0
         bar = tqdm(total=n, desc="rollouts", unit="ep", disable=not progress, leave=False)
         while queue or active:
             while queue and len(active) < self.batch_size:  # refill: keep the batch full
                 active.append(self._start(*queue.popleft(), id_prefix=id_prefix))
+            tb = time.perf_counter()
             gens = self.backend.generate([traj.token_ids for traj, _ in active], self.max_new_tokens)
+            backend_s += time.perf_counter() - tb
             calls += 1
             still = []
             for (traj, env), gen in zip(active, gens):
@@ -122,7 +125,7 @@ class RolloutEngine:
             active = still
         bar.close()
         wall = time.perf_counter() - t0
-        self.stats = RolloutStats(len(done), gen_tokens, wall, calls)
+        self.stats = RolloutStats(len(done), gen_tokens, wall, calls, backend_s)
         order = {(t.task_id, s): i for i, (t, s) in enumerate((t, s) for t in tasks for s in range(samples_per_task))}
         return sorted(done, key=lambda tr: order[(tr.task_id, tr.sample_idx)])
 

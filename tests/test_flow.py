@@ -1,0 +1,28 @@
+"""The Prefect flow runs the same stage functions, to the same outputs, against a real
+(temporary, local) Prefect server."""
+
+import json
+
+import pytest
+
+from lopd import layout
+from lopd.config import load_params
+
+pytestmark = pytest.mark.slow
+
+
+def test_flow_runs_bootstrap_then_collect_at_smoke_scale(tmp_path, repo, monkeypatch):
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.lopd_flow import lopd_flow
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / ".prefect"))
+    overrides = [f"paths.root={tmp_path}", "bootstrap.n_demos=32", "collect.n_tasks=8"]
+    with prefect_test_harness(server_startup_timeout=120):
+        state = lopd_flow(str(repo / "params.yaml"), "smoke", overrides, return_state=True)
+    assert state.is_completed(), state
+    results = state.result()
+    p = load_params(repo / "params.yaml", "smoke", overrides)
+    assert set(results) == {"bootstrap", "collect"}
+    assert results["collect"] == json.loads(layout.metrics_path(p, "collect").read_text())
+    assert results["collect"]["n_rollouts"] == 8
