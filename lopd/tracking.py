@@ -14,12 +14,17 @@ from typing import Iterator
 
 from lopd.config import Params
 
+# The user's choice, read once: mlflow.set_tracking_uri() writes this variable itself, so
+# reading it later would pick up whatever store the previous stage in this process used.
+_ENV_URI = os.environ.get("MLFLOW_TRACKING_URI")
+
 
 def tracking_uri(params: Params) -> str:
+    """params ``tracking.tracking_uri`` > ``$MLFLOW_TRACKING_URI`` > sqlite under ``<root>/mlruns``."""
     if params.tracking.tracking_uri:
         return params.tracking.tracking_uri
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
+    if _ENV_URI:
+        return _ENV_URI
     return f"sqlite:///{params.root() / 'mlruns' / 'mlflow.db'}"
 
 
