@@ -92,23 +92,23 @@ def run(p: Params) -> dict:
     from lopd.tracking import stage_run
 
     t0 = time.perf_counter()
+    path = layout.policy_path(p)  # a bad model.path fails here, before any compute
     with stage_run(p, "bootstrap"):
         expert = expert_success(p)
         mlflow.log_metrics({f"expert_success_{k}": v for k, v in expert.items()})
         log.info("scripted expert success: %s", expert)
         info: dict = {"skipped": bool(p.model.path)}
         if p.model.path:
-            path = layout.policy_path(p)  # validates model.path before any compute
             log.info("model.path = %s: using that checkpoint as the base, nothing to pre-train", path)
         else:
             td = time.perf_counter()
             demos, demo_success = demonstrations(p)
+
             def on_step(step, loss, lr):
                 if step % 10 == 0:
                     mlflow.log_metrics({"pretrain_loss": loss, "pretrain_lr": lr}, step=step)
 
             model, tokenizer, losses, examples = pretrain_base(p, demos, on_step)
-            path = layout.base_model_dir(p)
             with atomic_path(path) as tmp:
                 model.save_pretrained(tmp)
                 tokenizer.save_pretrained(tmp)

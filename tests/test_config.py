@@ -85,3 +85,11 @@ def test_cli_rejects_bad_params_before_compute(repo, tmp_path, capsys, monkeypat
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith("error: params: distill.margin = -1")
     assert list(tmp_path.iterdir()) == []  # nothing was computed or written
+
+
+def test_model_path_that_is_not_a_checkpoint_fails_before_compute(repo, tmp_path, capsys):
+    rc = main(["bootstrap", "--params", str(repo / "params.yaml"), "--profile", "smoke",
+               "--set", f"paths.root={tmp_path}", "--set", f"model.path={tmp_path / 'nope'}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "model.path" in err and "no config.json" in err
+    assert list(tmp_path.iterdir()) == []
