@@ -15,17 +15,16 @@ def _stage_task(name: str):
     return task(STAGES[name], name=name, retries=1, retry_delay_seconds=5)
 
 
-bootstrap = _stage_task("bootstrap")
-collect = _stage_task("collect")
+# One Prefect task per entry of the STAGES registry, so a stage added there is in the flow too.
+STAGE_TASKS = {name: _stage_task(name) for name in STAGES}
+bootstrap, collect, index = STAGE_TASKS["bootstrap"], STAGE_TASKS["collect"], STAGE_TASKS["index"]
 
 
 @flow(name="lopd", log_prints=True)
 def lopd_flow(params_path: str = "params.yaml", profile: str = DEFAULT_PROFILE, overrides: list[str] | None = None) -> dict:
-    """bootstrap → collect (later issues chain index → cold start → distill → evaluate)."""
+    """Every registered stage in order: bootstrap → collect → index (later: cold start → distill → evaluate)."""
     p = load_params(params_path, profile, overrides or [])
-    results = {"bootstrap": bootstrap(p)}
-    results["collect"] = collect(p)
-    return results
+    return {name: stage(p) for name, stage in STAGE_TASKS.items()}
 
 
 if __name__ == "__main__":

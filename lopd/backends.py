@@ -23,9 +23,19 @@ class Generation:
 class GenerationBackend(Protocol):
     def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[Generation]: ...
 
+    def reset(self) -> None:
+        """Drop any state tied to the current weights (a KV cache); called around every run."""
+
 
 class HFBackend:
-    """Batched sampling with ``model.generate`` (KV cache within a turn), prompts left-padded."""
+    """Batched sampling with ``model.generate`` (KV cache within a turn), prompts left-padded.
+
+    The reference backend (``rollout.backend: hf-generate``): stateless, so every turn
+    re-prefills the conversation. ``lopd.kv_backend.CachedHFBackend`` (``hf``) keeps the cache.
+    """
+
+    def reset(self) -> None:
+        pass
 
     def __init__(self, model, tokenizer, temperature: float, top_p: float):
         self.model, self.tokenizer = model, tokenizer
@@ -71,10 +81,14 @@ class HFBackend:
 
 def make_backend(kind: str, model, tokenizer, temperature: float, top_p: float) -> GenerationBackend:
     if kind == "hf":
+        from lopd.kv_backend import CachedHFBackend
+
+        return CachedHFBackend(model, tokenizer, temperature, top_p)
+    if kind == "hf-generate":
         return HFBackend(model, tokenizer, temperature, top_p)
     if kind == "vllm":
         raise NotImplementedError(
             "rollout.backend = 'vllm' is not available yet: it needs CUDA and the `gpu` extra; "
             "use rollout.backend = 'hf'"
         )
-    raise ValueError(f"rollout.backend = {kind!r}: allowed values are 'hf', 'vllm'")
+    raise ValueError(f"rollout.backend = {kind!r}: allowed values are 'hf', 'hf-generate', 'vllm'")

@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(sub.add_parser("params", help="print the resolved params as JSON and exit"))
     _common(sub.add_parser("run", help="run every stage in order, in-process"))
     for name in STAGES:
-        _common(sub.add_parser(name, help=f"run the {name} stage"))
+        _common(sub.add_parser(name.replace("_", "-"), help=f"run the {name} stage"))
     return parser
 
 
@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_libraries()
     from lopd.validation import DataValidationError
 
-    stages = STAGES if args.command == "run" else {args.command: STAGES[args.command]}
+    command = args.command.replace("-", "_")
+    stages = STAGES if command == "run" else {command: STAGES[command]}
     try:
         for name, fn in stages.items():
             t0 = time.perf_counter()

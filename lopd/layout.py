@@ -41,5 +41,21 @@ def bank_dir(p: Params) -> Path:
     return data_dir(p) / "bank"
 
 
+def index_dir(p: Params) -> Path:
+    """The retrieval index built from the bank (FAISS index, embeddings, metadata, manifest)."""
+    return data_dir(p) / "index"
+
+
+def embed_cache_dir(p: Params) -> Path:
+    """Embeddings keyed by content hash; outside ``data/index`` because DVC deletes a stage's
+    outputs before re-running it, and the cache must survive that to make re-indexing cheap."""
+    return p.root() / ".cache" / "embeddings"
+
+
 def metrics_path(p: Params, stage: str) -> Path:
     return p.root() / "metrics" / f"{stage}.json"
+
+
+def composer_dir(p: Params) -> Path:
+    """The cold-start composer φ₀ (encoder LoRA + resampler, safetensors): the distillation anchor."""
+    return models_dir(p) / "composer"

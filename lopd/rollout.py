@@ -102,6 +102,7 @@ class RolloutEngine:
         if budget is not None:
             budget.charge(n)
         torch.manual_seed(seed)
+        self.backend.reset()  # a cache from earlier weights must not leak into this run
         queue = deque((task, s) for task in tasks for s in range(samples_per_task))
         done: list[Trajectory] = []
         active: list[tuple[Trajectory, object]] = []
@@ -124,6 +125,7 @@ class RolloutEngine:
                     still.append((traj, env))
             active = still
         bar.close()
+        self.backend.reset()  # free the cache
         wall = time.perf_counter() - t0
         self.stats = RolloutStats(len(done), gen_tokens, wall, calls, backend_s)
         order = {(t.task_id, s): i for i, (t, s) in enumerate((t, s) for t in tasks for s in range(samples_per_task))}

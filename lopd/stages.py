@@ -19,10 +19,38 @@ def _collect(p: Params) -> dict:
     return collect.run(p)
 
 
-# name -> stage function; later issues append index, cold-start, distill, evaluate.
+def _index(p: Params) -> dict:
+    from lopd import index_stage
+
+    return index_stage.run(p)
+
+
+def _cold_start(p: Params) -> dict:
+    from lopd import cold_start
+
+    return cold_start.run(p)
+
+
+def _distill(p: Params) -> dict:
+    from lopd import distill
+
+    return distill.run(p)
+
+
+def _evaluate(p: Params) -> dict:
+    from lopd import evaluate
+
+    return evaluate.run(p)
+
+
+# name -> stage function, in pipeline order (CLI subcommands use the name with "-" for "_").
 STAGES: dict[str, Callable[[Params], dict]] = {
     "bootstrap": _bootstrap,
     "collect": _collect,
+    "index": _index,
+    "cold_start": _cold_start,
+    "distill": _distill,
+    "evaluate": _evaluate,
 }
 
 

@@ -38,6 +38,9 @@ class ReplayBackend:
     def __init__(self, tokenizer, prompts_to_actions: dict[tuple[int, ...], list[str]]):
         self.tok, self.episodes = tokenizer, prompts_to_actions
 
+    def reset(self):
+        pass
+
     def generate(self, prompts, max_new_tokens):
         out = []
         eos = self.tok.eos_token_id

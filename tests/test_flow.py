@@ -7,11 +7,12 @@ import pytest
 
 from lopd import layout
 from lopd.config import load_params
+from lopd.stages import STAGES
 
 pytestmark = pytest.mark.slow
 
 
-def test_flow_runs_bootstrap_then_collect_at_smoke_scale(tmp_path, repo, monkeypatch):
+def test_flow_runs_every_stage_at_smoke_scale(tmp_path, repo, monkeypatch):
     from prefect.testing.utilities import prefect_test_harness
 
     from flows.lopd_flow import lopd_flow
@@ -23,6 +24,6 @@ def test_flow_runs_bootstrap_then_collect_at_smoke_scale(tmp_path, repo, monkeyp
     assert state.is_completed(), state
     results = state.result()
     p = load_params(repo / "params.yaml", "smoke", overrides)
-    assert set(results) == {"bootstrap", "collect"}
+    assert list(results) == list(STAGES) and list(STAGES)[:3] == ["bootstrap", "collect", "index"]
     assert results["collect"] == json.loads(layout.metrics_path(p, "collect").read_text())
     assert results["collect"]["n_rollouts"] == 8

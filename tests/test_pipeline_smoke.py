@@ -1,4 +1,4 @@
-"""bootstrap → collect end to end at the smoke profile, into a temporary project root."""
+"""Every stage end to end at the smoke profile (bootstrap → … → evaluate), into a temporary project root."""
 
 import json
 
@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from lopd import collect, layout
+from lopd.bank import EXPERT_MODEL
 from lopd.cli import main
 from lopd.config import load_params
 from lopd.validation import DataValidationError
@@ -46,7 +47,8 @@ def test_collect_writes_validated_rollouts_bank_and_metrics(smoke):
     assert sum(row["action_mask"]) == row["n_gen_tokens"] > 0
     bank = pd.concat([pd.read_parquet(f) for f in layout.bank_dir(smoke).glob("*.parquet")])
     assert list(bank.columns) == list(collect.BANK_COLUMNS)
-    assert len(bank) == int(df["success"].sum())
+    assert int((bank["model"] != EXPERT_MODEL).sum()) == int(df["success"].sum())
+    assert len(bank) >= smoke.bank.expert_top_up  # smoke tops the bank up with scripted-expert successes
     m = json.loads(layout.metrics_path(smoke, "collect").read_text())
     assert {"n_rollouts", "success_rate", "mean_reward", "n_bank", "gen_tokens_per_s"} <= set(m)
     assert m["n_rollouts"] == len(df) and m["n_bank"] == len(bank) and m["gen_tokens_per_s"] > 0
@@ -61,7 +63,9 @@ def test_each_stage_is_an_mlflow_run_with_params_and_metrics(smoke):
     mlflow.set_tracking_uri(tracking_uri(smoke))
     runs = mlflow.search_runs(experiment_names=["lopd"], output_format="list")
     by_stage = {r.data.tags["stage"]: r for r in runs}
-    assert set(by_stage) == {"bootstrap", "collect"}
+    assert set(by_stage) >= {"bootstrap", "collect", "index", "cold_start", "distill", "evaluate"}
+    assert "cold_start_nll" in by_stage["cold_start"].data.metrics
+    assert "family_precision_at_3" in by_stage["index"].data.metrics
     assert by_stage["collect"].data.params["distill.margin"] == str(smoke.distill.margin)
     assert "success_rate" in by_stage["collect"].data.metrics
     assert by_stage["bootstrap"].data.tags["params_hash"] == smoke.digest()
@@ -83,3 +87,39 @@ def test_failed_validation_writes_nothing_and_keeps_previous_data(smoke, monkeyp
     after = {p: p.read_bytes() for d in (layout.rollouts_dir(smoke), layout.bank_dir(smoke)) for p in d.iterdir()}
     assert after == before
     assert not [p for p in layout.data_dir(smoke).iterdir() if p.name.startswith(".")]  # no temp leftovers
+
+
+def test_index_writes_a_loadable_index_and_metrics(smoke):
+    from lopd.retrieval import open_retriever
+
+    m = json.loads(layout.metrics_path(smoke, "index").read_text())
+    assert {"n_entries", "dim", "build_s", "query_ms_p50", "family_precision_at_3"} <= set(m)
+    assert m["dim"] == 384 and m["n_dev_queries"] == smoke.env.n_dev
+    r = open_retriever(smoke)
+    assert r.index.ntotal == m["n_entries"]
+    task = r.meta.iloc[0]
+    hits = r.retrieve({"task_id": task["task_id"], "text": task["task_text"]})
+    assert len(hits) == smoke.retrieval.n_ret and task["task_id"] not in {h["task_id"] for h in hits}
+
+
+def test_cold_start_saves_the_composer_and_privilege_metrics(smoke):
+    m = json.loads(layout.metrics_path(smoke, "cold_start").read_text())
+    for key in ("nll_no_latents", "nll_random_latents", "nll_retrieved_latents", "delta_mean"):
+        assert key in m
+    assert m["n_latents"] == smoke.retrieval.n_ret * smoke.composer.num_latents
+    assert set(m["step_ms"]) == {"encoder", "resampler", "teacher_forward", "backward"}
+    composer = layout.composer_dir(smoke)
+    assert (composer / "resampler.safetensors").exists() and (composer / "encoder" / "adapter_model.safetensors").exists()
+
+
+def test_distill_and_evaluate_write_their_comparisons(smoke):
+    from transformers import AutoModelForCausalLM
+
+    d = json.loads(layout.metrics_path(smoke, "distill").read_text())
+    assert set(smoke.distill.methods) <= set(d) and "rollouts_to_grpo_final" in d
+    e = json.loads(layout.metrics_path(smoke, "evaluate").read_text())
+    assert {"success_rate", "mean_reward", "tool_calls_per_turn", "turns", "first_response_tokens", "repeated_calls"} <= set(e["lopd"])
+    student = AutoModelForCausalLM.from_pretrained(layout.models_dir(smoke) / "student")
+    base = AutoModelForCausalLM.from_pretrained(layout.base_model_dir(smoke))
+    assert student.config.to_dict() | {"_name_or_path": ""} == base.config.to_dict() | {"_name_or_path": ""}
+    assert sum(p.numel() for p in student.parameters()) == sum(p.numel() for p in base.parameters())

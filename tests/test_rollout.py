@@ -4,10 +4,28 @@ import pytest
 import torch
 
 from lopd.backends import HFBackend
+from lopd.kv_backend import CachedHFBackend
 from lopd.chat import ChatFormat, encode, render_prompt
 from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, make_tasks, run_episode
+from lopd.envs.toolworld.env import StepResult
 from lopd.rollout import RolloutBudget, RolloutEngine, tokenize_episode
 from tests.helpers import ReplayBackend, tiny_model, tiny_tokenizer
+
+
+class CountdownEnv:
+    """Ends after exactly ``n`` actions whatever they say; observations of varying length."""
+
+    def __init__(self, task, n):
+        self.task, self.n, self.turn = task, n, 0
+
+    def initial_observation(self):
+        return ToolWorldEnv(self.task).initial_observation()
+
+    def step(self, action):
+        self.turn += 1
+        done = self.turn >= self.n
+        obs = None if done else "ok " * (1 + 5 * (self.turn % 3))
+        return StepResult(obs, 0.5 if done else 0.0, done, {"short": "ok", "success": False})
 
 
 def _env(task):
@@ -53,9 +71,10 @@ def test_engine_replaying_the_expert_succeeds_and_matches_tokenize_episode():
     assert engine.stats.n_trajectories == 12 and engine.stats.gen_tokens == sum(t.n_gen_tokens for t in trajs)
 
 
-def test_hf_backend_sampling_is_seeded_and_logprobs_are_valid():
+@pytest.mark.parametrize("backend_cls", [HFBackend, CachedHFBackend])
+def test_hf_backend_sampling_is_seeded_and_logprobs_are_valid(backend_cls):
     tok, model = tiny_tokenizer(), tiny_model()
-    backend = HFBackend(model, tok, temperature=0.7, top_p=0.95)
+    backend = backend_cls(model, tok, temperature=0.7, top_p=0.95)
     engine = RolloutEngine(backend, tok, lambda t: ToolWorldEnv(t, max_turns=2), max_new_tokens=12, batch_size=3, max_seq_len=4096)
     tasks = make_tasks("dev", 4)
     a = engine.run(tasks, samples_per_task=2, seed=7, progress=False)
@@ -71,17 +90,42 @@ def test_hf_backend_sampling_is_seeded_and_logprobs_are_valid():
         assert len(t.actions) <= 2 and 0.0 <= t.reward <= 1.0
 
 
-def test_sampling_logprobs_match_a_recomputed_forward_pass():
-    """At temperature 1, top-p 1 the recorded log-probs are the model's own next-token log-probs."""
-    tok, model = tiny_tokenizer(), tiny_model()
-    engine = RolloutEngine(HFBackend(model, tok, 1.0, 1.0), tok, lambda t: ToolWorldEnv(t, max_turns=2), 10, 2, 4096)
-    traj = engine.run(make_tasks("dev", 1), seed=3, progress=False)[0]
+def _assert_logprobs_match_a_full_forward(model, traj):
     with torch.no_grad():
         logits = model(torch.tensor([traj.token_ids])).logits[0].log_softmax(-1)
     ids = torch.tensor(traj.token_ids)
     recomputed = logits[:-1].gather(-1, ids[1:, None])[:, 0]
     mask = torch.tensor(traj.action_mask[1:], dtype=torch.bool)
     torch.testing.assert_close(recomputed[mask], torch.tensor(traj.logprobs[1:])[mask], atol=1e-4, rtol=1e-4)
+
+
+def test_sampling_logprobs_match_a_recomputed_forward_pass():
+    """At temperature 1, top-p 1 the recorded log-probs are the model's own next-token log-probs."""
+    tok, model = tiny_tokenizer(), tiny_model()
+    engine = RolloutEngine(HFBackend(model, tok, 1.0, 1.0), tok, lambda t: ToolWorldEnv(t, max_turns=2), 10, 2, 4096)
+    traj = engine.run(make_tasks("dev", 1), seed=3, progress=False)[0]
+    _assert_logprobs_match_a_full_forward(model, traj)
+
+
+def test_cached_backend_is_exact_across_turns_refills_early_stops_and_compaction():
+    """The KV cache kept across turns (holes, per-row positions, rows joining mid-run) gives
+    exactly the log-probs of a fresh forward over each finished trajectory."""
+    tok, model = tiny_tokenizer(), tiny_model()
+    backend = CachedHFBackend(model, tok, 1.0, 1.0)
+    backend.stop_ids = torch.arange(0, len(tok), 9)  # frequent early stops: holes after a stop
+    compactions = []
+    original = backend._compact
+    backend._compact = lambda: (compactions.append(backend.mask_BL.shape[1]), original())
+    tasks = make_tasks("dev", 7)
+    turns = {t.task_id: 1 + i % 4 for i, t in enumerate(tasks)}  # episodes end at different turns
+    engine = RolloutEngine(backend, tok, lambda t: CountdownEnv(t, turns[t.task_id]), 10, 3, 4096)
+    trajs = engine.run(tasks, seed=5, progress=False)
+    assert sorted(len(t.actions) for t in trajs) == sorted(turns.values())
+    assert any(t.n_gen_tokens < 10 * len(t.actions) for t in trajs)  # some turns stopped early
+    for traj in trajs:
+        _assert_logprobs_match_a_full_forward(model, traj)
+    assert backend.kv is None and backend.rows == []  # reset after the run: no stale cache
+    assert compactions, "the run should have exercised the compaction path"
 
 
 def test_budget_counts_every_trajectory_and_enforces_its_limit():

@@ -42,7 +42,7 @@ def _ids_in(obj: object) -> list[str]:
 
 
 def _short_ok(name: str, result: dict) -> str:
-    """``ok find_account acc_4821,acc_1234`` or ``ok get_balance acc_4821 balance_cents=1250``."""
+    """``ok find_account acc_482,acc_123`` or ``ok get_balance acc_482 balance_cents=1250``."""
     scalars = [f"{k}={v}" for k, v in result.items() if isinstance(v, (str, int, float)) and v not in _ids_in(v)]
     return _clip(" ".join(["ok", name, ",".join(_ids_in(result))] + scalars).replace("  ", " "))
 

@@ -26,7 +26,7 @@ class BankBackend(Backend):
         return self.accounts[account_id]
 
     def tool_find_account(self, owner: str) -> dict:
-        found = [{"id": i, "type": a["type"]} for i, a in self.accounts.items()
+        found = [{"type": a["type"], "id": i} for i, a in self.accounts.items()
                  if a["owner"].lower() == owner.strip().lower()]
         if not found:
             raise ToolError(f"no accounts for {owner}")

@@ -86,9 +86,14 @@ class Backend:
 
 
 def new_id(rng: random.Random, prefix: str, taken: set[str]) -> str:
-    """A fresh random id like ``acc_4821``."""
+    """A fresh random id like ``acc_482``.
+
+    Three digits keep the ids a small model must copy short; lookups list the distinguishing
+    attribute (type, name) *before* each id, so a causal model reading an id already knows
+    which entity it names.
+    """
     while True:
-        ident = f"{prefix}_{rng.randint(1000, 9999)}"
+        ident = f"{prefix}_{rng.randint(100, 999)}"
         if ident not in taken:
             taken.add(ident)
             return ident

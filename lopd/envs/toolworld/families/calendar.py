@@ -47,7 +47,7 @@ class CalendarBackend(Backend):
 
     def tool_search_contacts(self, name: str) -> dict:
         query = name.strip().lower()
-        found = [{"id": i, "name": n} for i, n in self.contacts.items() if query and query in n.lower()]
+        found = [{"name": n, "id": i} for i, n in self.contacts.items() if query and query in n.lower()]
         if not found:
             raise ToolError(f"no contacts match {name}")
         return {"contacts": found[:4]}

@@ -27,7 +27,7 @@ class ShopBackend(Backend):
 
     def tool_search_products(self, query: str) -> dict:
         q = query.strip().lower()
-        found = [{"id": i, "name": p["name"]} for i, p in self.products.items() if q and q in p["name"]]
+        found = [{"name": p["name"], "id": i} for i, p in self.products.items() if q and q in p["name"]]
         if not found:
             raise ToolError(f"no products match {query}")
         return {"products": found[:3]}

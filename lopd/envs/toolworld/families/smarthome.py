@@ -25,7 +25,7 @@ class HomeBackend(Backend):
         return self.devices[device_id]
 
     def tool_list_devices(self, room: str) -> dict:
-        found = [{"id": i, "type": d["type"]} for i, d in self.devices.items() if d["room"] == room.strip().lower()]
+        found = [{"type": d["type"], "id": i} for i, d in self.devices.items() if d["room"] == room.strip().lower()]
         if not found:
             raise ToolError(f"unknown room {room}")
         return {"devices": found}

@@ -1,0 +1,95 @@
+"""Scored episodes: the same action tokens in the student's layout and in the teacher's.
+
+An ``Episode`` is one task's token ids with the action mask (what the policy produced) and
+the initial messages its prompt was rendered from. The student scores it as is; the teacher
+scores it behind a prompt with latent slots (``lopd.teacher``). Episodes come from rollouts
+(exact sampled ids) or from bank entries replayed in a fresh environment (their actions
+re-tokenised), which also covers entries without token ids.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+
+from lopd.chat import encode, render_prompt
+from lopd.envs.toolworld import ToolWorldEnv
+from lopd.rollout import Trajectory, tokenize_episode
+from lopd.teacher import TeacherBatch, align_to_student, collate_teacher, teacher_prompt
+
+
+@dataclass
+class Episode:
+    task: object  # a ToolWorld Task
+    messages: list[dict]
+    token_ids: list[int]
+    action_mask: list[int]
+    prompt_len: int
+    reward: float
+
+
+def from_trajectory(task, traj: Trajectory, messages: list[dict]) -> Episode:
+    return Episode(task, messages, traj.token_ids, traj.action_mask, traj.prompt_len, traj.reward)
+
+
+def replay_entry(tokenizer, task, steps_json: str, max_turns: int, success_threshold: float) -> Episode:
+    """A bank entry's actions played again in a fresh env (deterministic per task) and tokenised."""
+    env = ToolWorldEnv(task, max_turns=max_turns, success_threshold=success_threshold)
+    messages = env.initial_observation()
+    actions, observations, reward = [], [], 0.0
+    for step in json.loads(steps_json):
+        result = env.step(step["action"])
+        actions.append(step["action"])
+        observations.append(result.observation)
+        reward = result.reward
+        if result.done:
+            break
+    ids, mask = tokenize_episode(tokenizer, messages, actions, observations)
+    prompt_len = len(encode(tokenizer, render_prompt(tokenizer, messages)))
+    return Episode(task, messages, ids, mask, prompt_len, reward)
+
+
+def student_batch(episodes: Sequence[Episode], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``ids_BT``, ``attn_BT`` and ``mask_BT`` (bool, action tokens)."""
+    width = max(len(e.token_ids) for e in episodes)
+    ids_BT = torch.full((len(episodes), width), pad_id, dtype=torch.long)
+    attn_BT = torch.zeros_like(ids_BT)
+    mask_BT = torch.zeros((len(episodes), width), dtype=torch.bool)
+    for i, e in enumerate(episodes):
+        n = len(e.token_ids)
+        ids_BT[i, :n] = torch.tensor(e.token_ids)
+        attn_BT[i, :n] = 1
+        mask_BT[i, :n] = torch.tensor(e.action_mask, dtype=torch.bool)
+    return ids_BT, attn_BT, mask_BT
+
+
+def teacher_batch(tokenizer, episodes: Sequence[Episode], n_latents: int, placeholder: str) -> TeacherBatch:
+    """The teacher's ids for each episode: its prompt with ``n_latents`` slots + the same tail."""
+    examples = [
+        align_to_student(teacher_prompt(tokenizer, e.messages, n_latents, placeholder), e.token_ids, e.action_mask, e.prompt_len)
+        for e in episodes
+    ]
+    return collate_teacher(examples, tokenizer.pad_token_id)
+
+
+class Timer:
+    """Wall time per named phase, summed over steps: ``with timer("encoder"): ...``."""
+
+    def __init__(self) -> None:
+        self.total: dict[str, float] = defaultdict(float)
+        self.steps = 0
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        yield
+        self.total[name] += time.perf_counter() - t0
+
+    def per_step_ms(self) -> dict[str, float]:
+        return {k: 1000 * v / max(1, self.steps) for k, v in self.total.items()}

@@ -1,0 +1,192 @@
+"""Top-k retrieval of bank entries for a task, and the index directory on disk.
+
+Guarantees of :meth:`Retriever.retrieve` / :meth:`Retriever.retrieve_batch`:
+
+- never the task itself: entries whose ``task_id`` equals the query's are skipped (spec step 2);
+- never a dev or test task: entries whose ``task_id`` is in ``forbidden_task_ids`` are skipped
+  (the bank suite already refuses them at build time; this is the second line of defence);
+- deterministic: hits are ordered by (score desc, bank_id asc); when scores tie at the k-th
+  place the search widens until every tied candidate is seen, so which one wins never depends
+  on FAISS's internal heap order.
+
+Exclusions are applied by over-fetching and filtering rather than with FAISS ``IDSelector``
+search parameters: a selector is per call, so per-query exclusions would serialise a batch
+into one call per query, and GPU indexes do not take selectors.
+
+The index directory (``data/index``): ``index.faiss`` (CPU form), ``embeddings.npy`` (n, dim)
+float32, ``metadata.parquet`` (the bank rows, row i = FAISS id i, sorted by ``bank_id``) and
+``manifest.json`` (embedder, dim, index kind and knobs); written as one atomic directory swap.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Set as AbstractSet
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from lopd import index as faiss_index
+from lopd.io import atomic_path
+
+INDEX_FILE, EMBEDDINGS_FILE, METADATA_FILE, MANIFEST_FILE = "index.faiss", "embeddings.npy", "metadata.parquet", "manifest.json"
+
+
+def entry_texts(bank: pd.DataFrame, embed_text: str) -> list[str]:
+    """What is embedded per entry: ``task+trajectory`` = the observation-lite text (it starts with
+    ``Task: ...``, the paper's choice) or ``task`` = the task text alone."""
+    column = {"task+trajectory": "lite_text", "task": "task_text"}[embed_text]
+    return bank[column].astype(str).tolist()
+
+
+def held_out_task_ids(p) -> frozenset[str]:
+    """Every dev and test task id of the configured task sets: never retrievable."""
+    from lopd.policy import split_tasks
+
+    return frozenset(t.task_id for s in ("dev", "test") for t in split_tasks(p, s))
+
+
+def _query(task: Any) -> tuple[str | None, str]:
+    """(task_id or None, text) from a Task-like object, a mapping or a bare string."""
+    if isinstance(task, str):
+        return None, task
+    if isinstance(task, dict):
+        return task.get("task_id"), task["text"] if "text" in task else task["task_text"]
+    return getattr(task, "task_id", None), task.text
+
+
+class Retriever:
+    """Top-k search over one index whose id i is ``metadata.iloc[i]``."""
+
+    def __init__(self, index, metadata: pd.DataFrame, embedder=None, forbidden_task_ids: AbstractSet[str] = frozenset(),
+                 n_ret: int = 3):
+        if index.ntotal != len(metadata):
+            raise ValueError(f"index holds {index.ntotal} vectors but metadata {len(metadata)} rows: rebuild with `lopd index`")
+        self.index, self.meta, self.embedder, self.n_ret = index, metadata.reset_index(drop=True), embedder, n_ret
+        self._task_ids = self.meta["task_id"].astype(str).to_numpy()
+        self._blocked = np.isin(self._task_ids, list(forbidden_task_ids)) if forbidden_task_ids else np.zeros(len(self.meta), bool)
+        # Worst case to skip per query: every entry of the query's own task plus every blocked one.
+        self._slack = int(self.meta["task_id"].value_counts().max()) + int(self._blocked.sum()) if len(self.meta) else 0
+
+    # ------------------------------------------------------------------ vectors in, positions out
+
+    def search(self, queries: np.ndarray, k: int, exclude_task_ids: Sequence[str | None] | None = None) -> list[list[tuple[int, float]]]:
+        """``queries`` (q, dim) float32 → per query up to ``k`` ``(position, score)``, best first."""
+        q = np.ascontiguousarray(queries, dtype=np.float32).reshape(-1, self.index.d)
+        exclude = list(exclude_task_ids) if exclude_task_ids is not None else [None] * len(q)
+        n = self.index.ntotal
+        out: list[list[tuple[int, float]] | None] = [None] * len(q)
+        todo = np.arange(len(q))
+        fetch = min(n, k + self._slack)
+        while len(todo):
+            D, I = faiss_index.search(self.index, q[todo], fetch)
+            again = []
+            for row, qi in enumerate(todo):
+                hits, complete = self._filter(D[row], I[row], exclude[qi], k, fetch >= n)
+                if complete:
+                    out[qi] = hits
+                else:
+                    again.append(qi)
+            todo = np.array(again, dtype=int)
+            fetch = min(n, fetch * 2)
+        return out  # type: ignore[return-value]
+
+    def _filter(self, scores: np.ndarray, ids: np.ndarray, own: str | None, k: int, saw_all: bool):
+        """Kept hits of one query and whether they are final (no unseen candidate could change them)."""
+        valid = ids >= 0  # approximate indexes pad with -1 when they find fewer
+        ids, scores = ids[valid], scores[valid]
+        keep = ~self._blocked[ids]
+        if own is not None:
+            keep &= self._task_ids[ids] != own
+        kept = sorted(zip((-scores[keep]).tolist(), ids[keep].tolist()))  # (−score, position): ties → bank_id order
+        if saw_all or len(ids) == 0:
+            return [(i, -s) for s, i in kept[:k]], True
+        worst_fetched = float(scores.min())
+        # Final only if k hits survived and the k-th beats the worst fetched score strictly (else an
+        # unfetched candidate could tie it).
+        complete = len(kept) >= k and -kept[k - 1][0] > worst_fetched
+        return [(i, -s) for s, i in kept[:k]], complete
+
+    # ------------------------------------------------------------------ tasks in, bank entries out
+
+    def entries(self, hits: list[tuple[int, float]]) -> list[dict]:
+        """Bank rows (dicts: bank columns + ``score``, ``rank``) for one query's :meth:`search` hits."""
+        rows = []
+        for rank, (pos, score) in enumerate(hits):
+            row = self.meta.iloc[pos].to_dict()
+            row.update(score=float(score), rank=rank)
+            rows.append(row)
+        return rows
+
+    def retrieve_batch(self, tasks: Sequence[Any], k: int | None = None, batch_size: int = 64) -> list[list[dict]]:
+        """Top-``k`` bank entries (dicts: bank columns + ``score``, ``rank``) for each task.
+
+        A task is a ToolWorld ``Task`` (or anything with ``task_id`` and ``text``), a dict with
+        those keys, or a bare string (no self-exclusion then). Query = the task's text.
+        """
+        if self.embedder is None:
+            raise ValueError("this Retriever has no embedder: pass one, or call search() with query vectors")
+        k = k or self.n_ret
+        ids, texts = zip(*(_query(t) for t in tasks)) if tasks else ((), ())
+        if not texts:
+            return []
+        vecs = self.embedder.encode(list(texts), batch_size=batch_size)
+        return [self.entries(h) for h in self.search(vecs, k, list(ids))]
+
+    def retrieve(self, task: Any, k: int | None = None) -> list[dict]:
+        """Top-``k`` bank entries for one task (see :meth:`retrieve_batch`)."""
+        return self.retrieve_batch([task], k)[0]
+
+
+# ----------------------------------------------------------------------------- the directory
+
+
+def write_index_dir(path: str | Path, index, embeddings: np.ndarray, metadata: pd.DataFrame, manifest: dict) -> None:
+    """Write the four files into a temp dir and swap it in: the previous index stays whole until then."""
+    with atomic_path(path) as tmp:
+        tmp.mkdir()
+        faiss_index.save(index, tmp / INDEX_FILE)
+        np.save(tmp / EMBEDDINGS_FILE, np.ascontiguousarray(embeddings, dtype=np.float32))
+        metadata.reset_index(drop=True).to_parquet(tmp / METADATA_FILE, index=False)
+        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+
+
+def load_retriever(
+    path: str | Path,
+    embedder=None,
+    forbidden_task_ids: AbstractSet[str] = frozenset(),
+    n_ret: int = 3,
+    use_gpu: bool = True,
+    nprobe: int | None = None,
+    ef_search: int | None = None,
+) -> Retriever:
+    """A Retriever over the index directory at ``path``.
+
+    Raises FileNotFoundError when a file is missing (run ``lopd index``) and ValueError when
+    ``embedder`` is not the one the index was built with (its vectors would not be comparable).
+    """
+    path = Path(path)
+    missing = [f for f in (INDEX_FILE, METADATA_FILE, MANIFEST_FILE) if not (path / f).exists()]
+    if missing:
+        raise FileNotFoundError(f"no complete retrieval index at {path} (missing {missing}): run `lopd index`")
+    manifest = json.loads((path / MANIFEST_FILE).read_text())
+    if embedder is not None and embedder.fingerprint != manifest.get("embedder_fingerprint"):
+        raise ValueError(
+            f"index at {path} was built with embedder {manifest.get('embedder')!r} "
+            f"(fingerprint {manifest.get('embedder_fingerprint')}), not {embedder.name!r} ({embedder.fingerprint}): "
+            "re-run `lopd index` with the current retrieval.embedder"
+        )
+    index = faiss_index.load(path / INDEX_FILE, use_gpu=use_gpu, nprobe=nprobe, ef_search=ef_search)
+    return Retriever(index, pd.read_parquet(path / METADATA_FILE), embedder, forbidden_task_ids, n_ret)
+
+
+def open_retriever(p, embedder=None) -> Retriever:
+    """The Retriever the params describe: ``data/index``, the configured embedder, dev/test ids blocked."""
+    from lopd import layout
+    from lopd.embed import make_embedder
+
+    r = p.retrieval
+    return load_retriever(layout.index_dir(p), embedder or make_embedder(p), held_out_task_ids(p), r.n_ret,
+                          use_gpu=r.faiss_gpu, nprobe=r.ivf_nprobe, ef_search=r.hnsw_ef_search)

@@ -1,0 +1,430 @@
+"""`lopd distill` (issue #5): LOPD steps, the GRPO / SFT baselines, budget, rounds, checkpoints and resume.
+
+Everything runs on a throwaway project root with a tiny Qwen3 built from a config, a composer
+φ₀ saved from a fresh build, a bank of scripted-expert successes and a FAISS index over a
+deterministic fake embedder: CPU, offline, seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from lopd import distill, layout
+from lopd.bank import expert_top_up, read_bank, round_path
+from lopd.collect import BANK_COLUMNS
+from lopd.composer import Composer
+from lopd.config import ParamsError, load_params
+from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, run_episode
+from lopd.losses import dual_update, grpo_advantages
+from lopd.onpolicy import rollout_budget, step_tasks, to_episodes
+from lopd.policy import make_engine, split_tasks
+from lopd.rollout import Trajectory, tokenize_episode
+from tests.helpers import tiny_model, tiny_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+DIM = 16
+# Smoke profile, made smaller still: 2 turns of 8 tokens, 2 experiences of 4 latents.
+OVERRIDES = [
+    "env.max_turns=2", "rollout.max_new_tokens=8", "rollout.batch_size=8", "env.n_train=64", "env.n_dev=8",
+    "env.n_test=8", "retrieval.n_ret=2", "composer.max_input_tokens=64", "distill.steps=2", "distill.batch_tasks=4",
+    "distill.eval_dev_tasks=2", "distill.eval_every=1", "distill.checkpoint_every=1", "grpo.group_size=2",
+    "bank.expert_top_up=12", "evaluate.n_tasks=3", "evaluate.samples_per_task=2",
+]
+
+
+class FakeEmbedder:
+    """Deterministic unit vectors seeded by the text's hash (the retrieval tests' stand-in)."""
+
+    name, fingerprint, dim = "fake", "fake-v1", DIM
+
+    def encode(self, texts, batch_size=64, progress=False):
+        out = [np.random.default_rng(int(hashlib.sha256(t.encode()).hexdigest()[:8], 16)).normal(size=DIM) for t in texts]
+        return np.asarray([v / np.linalg.norm(v) for v in out], dtype=np.float32)
+
+
+def build_project(root: Path, *extra: str):
+    """Base model, composer φ₀, a round-0 bank and its index under ``root``; returns the params."""
+    from lopd import index as faiss_index
+    from lopd.retrieval import write_index_dir
+
+    p = load_params(REPO / "params.yaml", "smoke", [f"paths.root={root}", *OVERRIDES, *extra])
+    tok = tiny_tokenizer()
+    tiny_model().save_pretrained(layout.base_model_dir(p))
+    tok.save_pretrained(layout.base_model_dir(p))
+    composer = Composer.build(tiny_model(), tok, p.composer, seed=0)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # a cold-started φ₀ has lora_B ≠ 0; make the adapter matter
+        for n, q in composer.trainable_named_parameters().items():
+            if "lora_B" in n:
+                q.copy_(torch.randn(q.shape, generator=g) * 0.1)
+    composer.save(layout.composer_dir(p))
+    bank = expert_top_up(p, pd.DataFrame(columns=list(BANK_COLUMNS)))
+    layout.bank_dir(p).mkdir(parents=True)
+    bank.to_parquet(round_path(layout.bank_dir(p), 0), index=False)
+    bank = read_bank(layout.bank_dir(p))
+    vecs = FakeEmbedder().encode(bank["lite_text"].tolist())
+    write_index_dir(layout.index_dir(p), faiss_index.build(vecs, "flat", use_gpu=False), vecs, bank,
+                    {"embedder": "fake", "embedder_fingerprint": "fake-v1", "dim": DIM})
+    return p
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    return build_project(tmp_path_factory.mktemp("distill"))
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    """Fake embedder; no MLflow store (the end-to-end test in test_evaluate.py uses a real one)."""
+    import mlflow
+
+    import lopd.embed
+    import lopd.tracking
+
+    monkeypatch.setattr(lopd.embed, "make_embedder", lambda p, device=None: FakeEmbedder())
+    monkeypatch.setattr(lopd.tracking, "stage_run", lambda *a, **k: contextlib.nullcontext())
+    for fn in ("log_metrics", "log_metric", "log_artifact", "log_text"):
+        monkeypatch.setattr(mlflow, fn, lambda *a, **k: None)
+
+
+def with_params(p, *overrides: str):
+    return load_params(REPO / "params.yaml", "smoke", [f"paths.root={p.root()}", *OVERRIDES, *overrides])
+
+
+def lopd_trainer(p):
+    from lopd.modeling import load_policy
+
+    student, tok = load_policy(layout.policy_path(p), p.model.dtype)
+    return distill.make_trainer(p, "lopd", student, tok)
+
+
+def lopd_batch(p, trainer, step: int = 0):
+    tasks = step_tasks(p, split_tasks(p, "train"), step, trainer.tasks_per_step)
+    trajs = make_engine(p, trainer.student, trainer.tokenizer).run(tasks, 1, seed=step, progress=False)
+    return tasks, trajs
+
+
+def snapshot(params) -> dict:
+    return {n: t.detach().clone() for n, t in params}
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ----------------------------------------------------------------------------- one LOPD step
+
+
+def test_lopd_step_moves_student_and_composer_never_the_teacher(project):
+    tr = lopd_trainer(project)
+    base = tr.composer.backbone.get_base_model()
+    teacher0 = snapshot((n, t) for n, t in base.named_parameters() if "lora_" not in n)
+    phi0 = snapshot(tr.composer.trainable_named_parameters().items())
+    student0 = snapshot(tr.student.named_parameters())
+    m = tr.step(0, *lopd_batch(project, tr))
+
+    assert same(teacher0, snapshot((n, t) for n, t in base.named_parameters() if "lora_" not in n))  # bitwise
+    phi1 = snapshot(tr.composer.trainable_named_parameters().items())
+    assert any("lora_" in n and not torch.equal(phi0[n], phi1[n]) for n in phi0)
+    assert any(n.startswith("resampler.") and not torch.equal(phi0[n], phi1[n]) for n in phi0)
+    assert not same(student0, snapshot(tr.student.named_parameters()))
+    assert m["kl"] > 0 and np.isfinite([m["delta"], m["anchor"], m["composer_loss"]]).all()
+    assert m["margin_violation"] == pytest.approx(project.distill.margin - m["delta"])
+    assert m["anchor"] == 0.0  # the first step starts at φ = φ₀
+    # β follows the dual ascent with this step's Δ.
+    assert m["beta"] == tr.beta == dual_update(project.distill.beta0, project.distill.margin, m["delta"], project.distill.eta_beta)
+
+
+def test_frozen_composer_keeps_phi_bitwise_and_still_trains_the_student(project):
+    p = with_params(project, "composer.frozen=true")
+    tr = lopd_trainer(p)
+    assert tr.opt_composer is None and tr.anchor is None
+    phi0 = snapshot(tr.composer.trainable_named_parameters().items())
+    student0 = snapshot(tr.student.named_parameters())
+    m = tr.step(0, *lopd_batch(p, tr))
+    assert same(phi0, snapshot(tr.composer.trainable_named_parameters().items()))
+    assert not same(student0, snapshot(tr.student.named_parameters()))
+    assert m["anchor"] == 0.0 and "composer_loss" not in m
+
+
+def test_margin_zero_and_student_support_paths(project):
+    p = with_params(project, "distill.margin=0", "distill.kl_support=student", "distill.beta0=0.3")
+    tr = lopd_trainer(p)
+    m = tr.step(0, *lopd_batch(p, tr))
+    assert m["margin_violation"] == pytest.approx(-m["delta"])
+    assert tr.beta == max(0.0, 0.3 + p.distill.eta_beta * (0.0 - m["delta"]))
+    assert m["kl"] > 0
+
+
+def test_beta_follows_the_dual_update_over_steps(project):
+    tr = lopd_trainer(project)
+    beta = project.distill.beta0
+    for step in range(2):
+        m = tr.step(step, *lopd_batch(project, tr, step))
+        beta = dual_update(beta, project.distill.margin, m["delta"], project.distill.eta_beta)
+        assert m["beta"] == beta
+
+
+def test_round_end_appends_successes_and_rebuilds_the_index(project, tmp_path):
+    p = with_params(project, "paths.root=" + str(project.root()))
+    tr = lopd_trainer(p)
+    n0 = tr.retriever.index.ntotal
+    task = [t for t in split_tasks(p, "train") if t.task_id not in set(read_bank(layout.bank_dir(p))["task_id"])][0]
+    env = ToolWorldEnv(task, max_turns=p.env.max_turns + 4)
+    ep = run_episode(env, ScriptedExpert())
+    ids, mask = tokenize_episode(tr.tokenizer, env.initial_observation(), ep["actions"], ep["observations"][:-1])
+    win = Trajectory("lopd-s0-x-0", task.task_id, task.family, 0, ids, mask, [0.0] * len(ids), 10, ep["actions"],
+                     ep["observations"], ep["shorts"], 1.0, True)
+    tr.pending = []
+    from lopd.collect import bank_frame
+
+    tr.pending += bank_frame([win], {task.task_id: task}, "distill-lopd", tr.bank_version + 1).to_dict("records")
+    tr.end_round(0)
+    assert tr.bank_version == 1 and tr.added_rounds == [1] and tr.pending == []
+    assert round_path(distill.distill_bank_dir(p), 1).exists() and tr.retriever.index.ntotal == n0 + 1
+    assert not round_path(layout.bank_dir(p), 1).exists()  # collect's bank is never touched
+    assert (distill.distill_index_dir(p) / "index.faiss").exists()
+    tr.end_round(1)  # nothing new: no file, same version
+    assert tr.bank_version == 1 and not round_path(distill.distill_bank_dir(p), 2).exists()
+
+
+# ----------------------------------------------------------------------------- GRPO
+
+
+def _group(tok, p):
+    """One task, two rollouts: the expert's success (r = 1) and an immediate wrong answer (r = 0)."""
+    task = split_tasks(p, "train", 1)[0]
+    env = ToolWorldEnv(task)
+    good = run_episode(env, ScriptedExpert())
+    msgs = env.initial_observation()
+    eps = []
+    for actions, obs, r in ((good["actions"], good["observations"][:-1], 1.0), (["I cannot help."], [], 0.0)):
+        ids, mask = tokenize_episode(tok, msgs, actions, obs)
+        plen = mask.index(1)
+        eps.append(Trajectory("g", task.task_id, task.family, len(eps), ids, mask, [0.0] * len(ids), plen, actions, [], [], r, r == 1.0))
+    return task, eps
+
+
+def test_grpo_step_raises_the_better_rollout_and_clips(project):
+    from lopd.episodes import student_batch
+    from lopd.grpo import GRPOTrainer, grpo_update
+    from lopd.scoring import token_logprobs
+
+    tok = tiny_tokenizer()
+    task, trajs = _group(tok, project)
+    episodes = to_episodes(project, [task], trajs)
+    ids_BT, attn_BT, mask_BT = student_batch(episodes, tok.pad_token_id)
+
+    def mean_logp(model):
+        with torch.no_grad():
+            _, lp = token_logprobs(model, ids_BT, attn_BT, mask_BT)
+        return (lp * mask_BT).sum(1) / mask_BT.sum(1)
+
+    model = tiny_model()
+    before = mean_logp(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    reward_NG = torch.tensor([[1.0, 0.0]])
+    m = grpo_update(model, opt, episodes, reward_NG, clip_eps=0.2, updates=4, grad_clip=1.0, pad_id=tok.pad_token_id)
+    after = mean_logp(model)
+    assert after[0] > before[0] and after[1] < before[1]  # advantage +0.7 up, −0.7 down
+    assert grpo_advantages(reward_NG).tolist()[0] == pytest.approx([0.7070, -0.7070], abs=1e-3)
+    # First update: ratio ≡ 1 (π_old recomputed), so the loss is −mean over action tokens of A.
+    adv = grpo_advantages(reward_NG)[0]
+    n = mask_BT.sum(1).float()
+    assert m["loss"] == pytest.approx(float(-(adv * n).sum() / n.sum()), abs=1e-5)
+    assert 0 < m["clip_frac"] <= 1  # later updates move the ratio past 1 ± ε at lr 1e-2
+
+    # Wired the same way in the trainer: equal rewards → zero advantages → a zero first loss.
+    tr = GRPOTrainer(project, tiny_model(), tok)
+    flat = [Trajectory(**{**t.__dict__, "reward": 0.0}) for t in trajs]
+    assert tr.step(0, [task], flat)["loss"] == 0.0
+
+
+# ----------------------------------------------------------------------------- the loop, budget, resume, export
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    """All four methods, two steps each, through ``distill.run``."""
+    import mlflow
+
+    import lopd.embed
+    import lopd.tracking
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(lopd.embed, "make_embedder", lambda p, device=None: FakeEmbedder())
+    mp.setattr(lopd.tracking, "stage_run", lambda *a, **k: contextlib.nullcontext())
+    for fn in ("log_metrics", "log_metric", "log_artifact", "log_text"):
+        mp.setattr(mlflow, fn, lambda *a, **k: None)
+    p = build_project(tmp_path_factory.mktemp("full"), "distill.methods=[lopd,grpo,sft,vanilla]")
+    out = distill.run(p)
+    mp.undo()
+    return p, out
+
+
+def test_every_method_spends_the_same_budget(full_run):
+    p, out = full_run
+    budget = rollout_budget(p)
+    assert budget == p.distill.steps * p.distill.batch_tasks == out["budget"]
+    for m in ("lopd", "grpo", "sft"):
+        assert out[m]["rollouts"] == budget == out["details"][m]["rollouts"]
+        assert [pt["rollouts_cum"] for pt in out["details"][m]["curve"]] == [0, 4, 8]  # eval every step, same grid
+    assert out["vanilla"]["rollouts"] == 0 and out["grpo_budget"] == budget
+    assert {"beta_final", "delta_final"} <= set(out["lopd"]) and "beta_final" not in out["grpo"]
+    curve = pd.read_csv(distill.curve_path(p))
+    assert list(curve["rollouts_cum"]) == [0, 4, 8] and {"lopd_dev_reward", "grpo_dev_reward", "vanilla_dev_reward"} <= set(curve)
+    saved = json.loads(layout.metrics_path(p, "distill").read_text())
+    assert saved["lopd"] == out["lopd"] and "rollouts_to_grpo_final" in saved and set(saved["wall_s_to_grpo_final"]) == {"lopd", "grpo"}
+
+
+def test_grpo_covers_fewer_tasks_with_groups(project):
+    from lopd.grpo import GRPOTrainer
+
+    tr = GRPOTrainer(project, tiny_model(), tiny_tokenizer())
+    assert tr.tasks_per_step * tr.samples_per_task == project.distill.batch_tasks == lopd_trainer(project).tasks_per_step
+    train = split_tasks(project, "train")
+    assert step_tasks(project, train, 3, tr.tasks_per_step) == step_tasks(project, train, 3, 4)[: tr.tasks_per_step]
+
+
+def test_exported_student_is_a_plain_checkpoint_of_the_base_architecture(full_run):
+    from transformers import AutoModelForCausalLM
+
+    p, _ = full_run
+    base = AutoModelForCausalLM.from_pretrained(layout.base_model_dir(p))
+    for method in ("lopd", "grpo", "sft"):
+        path = distill.student_dir(p, method)
+        student = AutoModelForCausalLM.from_pretrained(path)
+        assert type(student) is type(base) and student.config.to_diff_dict() == base.config.to_diff_dict()
+        assert sum(t.numel() for t in student.parameters()) == sum(t.numel() for t in base.parameters())
+        assert not any("lora" in n for n, _ in student.named_parameters())
+    assert distill.student_dir(p, "lopd") == p.root() / "models" / "student"
+    lopd_sd, base_sd = (AutoModelForCausalLM.from_pretrained(x).state_dict() for x in (distill.student_dir(p, "lopd"), layout.base_model_dir(p)))
+    assert any(not torch.equal(lopd_sd[k], base_sd[k]) for k in base_sd)  # it was trained
+
+
+class ExpertForSolvable:
+    """A generation backend that plays the scripted expert on every train task it solves within
+    ``env.max_turns`` (so the student has successes, and rounds grow the bank) and lets the
+    model sample everywhere else."""
+
+    def __init__(self, real, tok, p):
+        from lopd.chat import encode, render_prompt
+        from tests.helpers import ReplayBackend
+
+        episodes = {}
+        for task in split_tasks(p, "train"):
+            env = ToolWorldEnv(task, max_turns=p.env.max_turns, success_threshold=p.env.success_threshold)
+            prompt = tuple(encode(tok, render_prompt(tok, env.initial_observation())))
+            ep = run_episode(env, ScriptedExpert())
+            if ep["success"]:
+                episodes[prompt] = ep["actions"]
+        self.real, self.replay = real, ReplayBackend(tok, episodes)
+
+    def reset(self):
+        self.real.reset()
+
+    def generate(self, prompts, max_new_tokens):
+        known = [any(tuple(pr[: len(k)]) == k for k in self.replay.episodes) for pr in prompts]
+        experts = iter(self.replay.generate([pr for pr, k in zip(prompts, known) if k], max_new_tokens))
+        rest = [pr for pr, k in zip(prompts, known) if not k]
+        sampled = iter(self.real.generate(rest, max_new_tokens) if rest else [])
+        return [next(experts) if k else next(sampled) for k in known]
+
+
+def test_resume_reproduces_an_uninterrupted_run_exactly(tmp_path, monkeypatch):
+    """6 steps in 3 rounds straight vs killed after step 5 (last checkpoint at step 3) and resumed.
+
+    The checkpoint falls mid-round (it holds the round's pending successes), and the killed run
+    had appended round 2's file after it: the resume drops that file and writes it again. Same
+    weights, φ, β, curve and bank.
+    """
+    from safetensors.torch import load_file
+
+    import lopd.policy
+
+    real = lopd.policy.make_backend
+    monkeypatch.setattr(lopd.policy, "make_backend", lambda kind, model, tok, t, top_p: ExpertForSolvable(real(kind, model, tok, t, top_p), tok, p))
+    extra = ("distill.steps=6", "distill.checkpoint_every=3", "distill.eval_every=2", "distill.rounds=3", "distill.methods=[lopd]",
+             "env.max_turns=3")  # the expert solves about half the train tasks in 3 turns
+    results = {}
+    for name in ("straight", "resumed"):
+        p = build_project(tmp_path / name, *extra)
+        if name == "resumed":
+            assert distill.run(p, stop_after=5) == {"stopped_after": 5, "method": "lopd"}
+            meta = json.loads((distill.checkpoint_dir(p, "lopd") / "meta.json").read_text())
+            assert meta["step"] == 3 and not distill.student_dir(p, "lopd").exists()
+            assert max(distill._round_numbers(distill.distill_bank_dir(p))) > meta["bank_version"]  # written after the checkpoint
+            out = distill.run(p, resume=True)
+        else:
+            out = distill.run(p)
+        ckpt = distill.checkpoint_dir(p, "lopd")
+        bank = read_bank(distill.distill_bank_dir(p))
+        results[name] = (load_file(distill.student_dir(p, "lopd") / "model.safetensors"),
+                         load_file(ckpt / "composer" / "resampler.safetensors"),
+                         load_file(ckpt / "composer" / "encoder" / "adapter_model.safetensors"), out, bank)
+    (s1, r1, a1, o1, b1), (s2, r2, a2, o2, b2) = results["straight"], results["resumed"]
+    assert len(b1) > len(read_bank(layout.bank_dir(p))) and b1["source_round"].max() >= 3  # rounds did grow the bank
+    pd.testing.assert_frame_equal(b1, b2)
+    assert same(s1, s2) and same(r1, r2) and same(a1, a2)
+    assert o1["lopd"]["beta_final"] == o2["lopd"]["beta_final"] and o1["lopd"]["delta_final"] == o2["lopd"]["delta_final"]
+    strip = lambda c: [{k: v for k, v in pt.items() if k != "train_wall_s"} for pt in c]  # noqa: E731
+    assert strip(o1["details"]["lopd"]["curve"]) == strip(o2["details"]["lopd"]["curve"])
+    assert o1["lopd"]["rollouts"] == o2["lopd"]["rollouts"] == 24
+
+
+def test_resume_refuses_a_checkpoint_from_other_params(tmp_path):
+    p = build_project(tmp_path, "distill.methods=[grpo]")
+    distill.run(p, stop_after=1)
+    other = with_params(p, "distill.methods=[grpo]", "grpo.lr=0.5")
+    with pytest.raises(ParamsError, match="checkpoint at .* other params"):
+        distill.run(other, resume=True)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("grpo.group_size=3", r"distill.batch_tasks = 4 must be a multiple of grpo.group_size = 3"),
+    ("distill.rounds=5", r"distill.rounds = 5 exceeds distill.steps = 2"),
+])
+def test_bad_distill_params_fail_before_any_compute(tmp_path, override, message):
+    p = load_params(REPO / "params.yaml", "smoke", [f"paths.root={tmp_path}", *OVERRIDES, override])
+    with pytest.raises(ParamsError, match=message):
+        distill.run(p)
+    assert not any(tmp_path.iterdir())
+
+
+def test_missing_composer_is_a_clear_error(tmp_path):
+    p = load_params(REPO / "params.yaml", "smoke", [f"paths.root={tmp_path}", *OVERRIDES])
+    tiny_model().save_pretrained(layout.base_model_dir(p))
+    with pytest.raises(FileNotFoundError, match="cold-start composer .* run `lopd cold-start`"):
+        distill.run(p, methods=["lopd"])
+
+
+def test_efficiency_counts_generations_lopd_needs_to_reach_grpo_final():
+    def curve(*pts):
+        return [{"rollouts_cum": r, "dev_reward": v, "train_wall_s": r / 10} for r, v in pts]
+
+    grpo = {"rollouts": 16, "final_dev_reward": 0.3, "curve": curve((0, 0.1), (8, 0.3), (16, 0.3))}
+    lopd = {"rollouts": 16, "final_dev_reward": 0.5, "curve": curve((0, 0.1), (8, 0.25), (16, 0.5))}
+    e = distill.efficiency({"lopd": lopd, "grpo": grpo})
+    assert (e["grpo_budget"], e["rollouts_to_grpo_final"], e["rollouts_to_grpo_final_frac"]) == (16, 16, 1.0)
+    assert e["wall_s_to_grpo_final"] == {"lopd": 1.6, "grpo": 0.8}  # GRPO reached its own final at 8
+    never = {**lopd, "curve": curve((0, 0.1), (16, 0.2))}
+    assert distill.efficiency({"lopd": never, "grpo": grpo})["rollouts_to_grpo_final"] is None
+    assert distill.efficiency({"lopd": lopd})["grpo_budget"] is None
+
+
+def test_methods_run_one_at_a_time_end_up_in_one_comparison(tmp_path):
+    p = build_project(tmp_path)
+    distill.run(p, methods=["grpo"])
+    out = distill.run(p, methods=["lopd"])
+    assert set(out["details"]) == {"grpo", "lopd"} and out["grpo_budget"] == rollout_budget(p)
+    assert set(pd.read_csv(distill.curve_path(p)).columns) >= {"lopd_dev_reward", "grpo_dev_reward"}
+    other = with_params(p, "distill.margin=0.1")  # other numbers: earlier results are not comparable
+    assert set(distill.run(other, methods=["vanilla"])["details"]) == {"vanilla"}
