@@ -6,9 +6,11 @@ its prompt is trained to predict the entry's action tokens. Only the encoder LoR
 resampler learn. The result, φ₀, is saved to ``models/composer/`` and is the anchor of the
 distillation Lagrangian.
 
-Then the privilege is measured on dev (never train): the NLL of the base's successful dev
-rollouts with no latents, with latents of random bank entries, and with latents of the
-retrieved ones; and Δ = mean A(τ)·δ_t over all the fresh dev rollouts (spec: Losses).
+Then the privilege is measured on dev (never train): the NLL of successful dev trajectories
+with no latents, with latents of random bank entries, and with latents of the retrieved ones
+(the base's own dev successes, or the scripted expert's on the same dev tasks when the base
+has fewer than ``MIN_POLICY_WINS``, recorded as ``nll_source``); and Δ = mean A(τ)·δ_t over
+the base's fresh dev rollouts (spec: Losses).
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ import torch
 
 from lopd import layout
 from lopd.bank import BankError, read_bank
+from lopd.chat import encode, render_prompt
 from lopd.composer import Composer
 from lopd.config import Params
 from lopd.episodes import Episode, Timer, from_trajectory, replay_entry, student_batch, teacher_batch
 from lopd.io import atomic_path, write_json
 from lopd.losses import masked_mean, privilege, trajectory_margin
+from lopd.rollout import tokenize_episode
 from lopd.scoring import token_logprobs
 from lopd.teacher import teacher_logprobs
 
@@ -115,13 +119,39 @@ def train(p: Params, composer: Composer, tokenizer, targets: list[Episode], retr
     return losses, timer
 
 
+MIN_POLICY_WINS = 8  # fewer of the base's own dev successes than this and the NLLs use the expert's
+
+
+def expert_dev_episodes(p: Params, tokenizer, tasks: Sequence) -> list[Episode]:
+    """Scripted-expert successes on held-out dev tasks, tokenised as a rollout would be."""
+    from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, run_episode
+
+    out = []
+    for task in tasks:
+        env = ToolWorldEnv(task, max_turns=p.env.max_turns, success_threshold=p.env.success_threshold)
+        messages = env.initial_observation()
+        ep = run_episode(env, ScriptedExpert())
+        if ep["success"]:
+            ids, mask = tokenize_episode(tokenizer, messages, ep["actions"], ep["observations"])
+            out.append(Episode(task, messages, ids, mask, len(encode(tokenizer, render_prompt(tokenizer, messages))), ep["reward"]))
+    return out
+
+
 @torch.no_grad()
-def privilege_metrics(p: Params, composer: Composer, student, tokenizer, dev_eps: list[Episode], retriever, bank) -> dict:
-    """NLLs on the successful dev episodes (none / random / retrieved latents) and Δ on all of them."""
+def privilege_metrics(
+    p: Params, composer: Composer, student, tokenizer, dev_eps: list[Episode], retriever, bank,
+    nll_eps: list[Episode] | None = None,
+) -> dict:
+    """NLLs on successful dev episodes (none / random / retrieved latents) and Δ on ``dev_eps``.
+
+    ``nll_eps``: the successful dev trajectories the NLLs are measured on; default the
+    successes among ``dev_eps`` (the base's own rollouts).
+    """
     device = next(composer.parameters()).device
-    wins = [e for e in dev_eps if e.reward >= p.env.success_threshold]
+    wins = nll_eps if nll_eps is not None else [e for e in dev_eps if e.reward >= p.env.success_threshold]
     rng = random.Random(p.seed + 1)
     retrieved = [[x["lite_text"] for x in hits] for hits in retriever.retrieve_batch([e.task for e in dev_eps], p.retrieval.n_ret)]
+    retrieved_wins = [[x["lite_text"] for x in hits] for hits in retriever.retrieve_batch([e.task for e in wins], p.retrieval.n_ret)] if wins else []
     lite = bank["lite_text"].tolist()
 
     def nll(episodes, exps) -> float:
@@ -139,14 +169,14 @@ def privilege_metrics(p: Params, composer: Composer, student, tokenizer, dev_eps
             count += int(mask_BT.sum())
         return total / count
 
-    win_idx = [i for i, e in enumerate(dev_eps) if e.reward >= p.env.success_threshold]
-    random_exps = [rng.sample(lite, p.retrieval.n_ret) for _ in win_idx]
+    random_exps = [rng.sample(lite, p.retrieval.n_ret) for _ in wins]
     out = {
         "n_dev_episodes": len(dev_eps),
-        "n_dev_successes": len(wins),
+        "n_dev_successes": sum(e.reward >= p.env.success_threshold for e in dev_eps),
+        "n_nll_trajectories": len(wins),
         "nll_no_latents": nll(wins, None),
         "nll_random_latents": nll(wins, random_exps),
-        "nll_retrieved_latents": nll(wins, [retrieved[i] for i in win_idx]),
+        "nll_retrieved_latents": nll(wins, retrieved_wins),
     }
     # Δ on fresh student rollouts, successes and failures alike (A(τ) = 2r − 1).
     deltas = []
@@ -216,7 +246,17 @@ def run(p: Params) -> dict:
         trajs = engine.run(dev_tasks, seed=p.seed, id_prefix="cs-dev")
         by_id = {t.task_id: t for t in dev_tasks}
         dev_eps = [from_trajectory(by_id[tr.task_id], tr, _messages(p, by_id[tr.task_id])) for tr in trajs]
-        metrics = privilege_metrics(p, composer, student, tokenizer, dev_eps, retriever, bank)
+        policy_wins = [e for e in dev_eps if e.reward >= p.env.success_threshold]
+        if len(policy_wins) >= MIN_POLICY_WINS:
+            nll_eps, nll_source = policy_wins, "base policy dev successes"
+        else:
+            # Too few of the base's own dev successes to measure an NLL on: say so and use the
+            # scripted expert's successful trajectories on the same held-out dev tasks.
+            log.warning("cold start: the base solved %d of %d dev tasks; NLLs are measured on scripted-expert dev trajectories",
+                        len(policy_wins), len(dev_eps))
+            nll_eps, nll_source = expert_dev_episodes(p, tokenizer, dev_tasks), "scripted-expert dev trajectories"
+        metrics = privilege_metrics(p, composer, student, tokenizer, dev_eps, retriever, bank, nll_eps)
+        metrics["nll_source"] = nll_source
         metrics.update(
             n_bank=len(bank),
             n_targets=len(targets),
