@@ -11,6 +11,7 @@ checkpoint there is the base and nothing is trained.
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 from lopd import layout
@@ -49,6 +50,41 @@ def demonstrations(p: Params) -> tuple[list[tuple[list[dict], list[str], list[st
     return demos, wins / len(demos)
 
 
+# A JSON argument value inside a tool call's "arguments" object: a string or a number.
+_ARG_VALUE = re.compile(r'(?<=": )("(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?)')
+
+
+def copy_spans(action: str) -> list[tuple[int, int]]:
+    """Character spans of what an action copies from its context: the tool call's argument
+    values (names, ids, amounts, dates), or the whole text of a final answer."""
+    head = action.find('"arguments"')
+    if "<tool_call>" not in action:
+        return [(0, len(action))]
+    if head < 0:
+        return []
+    return [m.span() for m in _ARG_VALUE.finditer(action, head)]
+
+
+def episode_weights(tokenizer, ids: list[int], mask: list[int], actions: list[str], copy_weight: float) -> list[float]:
+    """Per-token loss weights of a tokenised episode: ``copy_weight`` on the tokens of each
+    action's ``copy_spans``, 1 on the rest of the action (and its eos), 0 off the action mask.
+
+    Why: a small model learns the format of an episode long before it learns to look names and
+    ids up in its context, and those few tokens are what success hinges on.
+    """
+    weights = [0.0] * len(ids)
+    starts = [i for i in range(len(mask)) if mask[i] and (i == 0 or not mask[i - 1])]
+    if len(starts) != len(actions):
+        raise ValueError(f"{len(actions)} actions but {len(starts)} action segments in the episode's mask")
+    for start, action in zip(starts, actions):
+        enc = tokenizer(action, add_special_tokens=False, return_offsets_mapping=True)
+        spans = copy_spans(action)
+        for j, (a, b) in enumerate(enc["offset_mapping"]):
+            weights[start + j] = copy_weight if any(a < e and b > s for s, e in spans) else 1.0
+        weights[start + len(enc["input_ids"])] = 1.0  # the eos closing the action
+    return weights
+
+
 def pretrain_base(p: Params, demos, on_step=None):
     """Tokenizer + tiny Qwen3 trained on the demos; returns (model, tokenizer, losses)."""
     from lopd.lm_train import train_causal_lm
@@ -67,6 +103,9 @@ def pretrain_base(p: Params, demos, on_step=None):
     tokenizer = train_tokenizer(corpus(), p.model.vocab_size)
     tokenizer.padding_side = "left"
     examples = [tokenize_episode(tokenizer, *d) for d in demos]
+    if p.bootstrap.copy_weight != 1.0:
+        examples = [(ids, mask, episode_weights(tokenizer, ids, mask, d[1], p.bootstrap.copy_weight))
+                    for (ids, mask), d in zip(examples, demos)]
     model = build_tiny_qwen3(p.model, tokenizer, seed=p.seed)
     losses = train_causal_lm(
         model,
@@ -115,7 +154,7 @@ def run(p: Params) -> dict:
             info.update(
                 n_demos=len(demos),
                 demo_success_rate=demo_success,
-                demo_tokens=sum(len(ids) for ids, _ in examples),
+                demo_tokens=sum(len(ex[0]) for ex in examples),
                 pretrain_steps=len(losses),
                 final_loss=sum(losses[-10:]) / len(losses[-10:]),
                 pretrain_s=time.perf_counter() - td,

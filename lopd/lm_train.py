@@ -43,8 +43,17 @@ def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tup
     return ids_BT, attn_BT, labels_BT
 
 
-def masked_nll(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
-    """Mean NLL of the labelled (action) tokens.
+def collate_weights(examples: Sequence[tuple], width: int) -> torch.Tensor:
+    """Right-padded per-token loss weights ``weights_BT`` (an example's third element; 1.0 when absent)."""
+    w_BT = torch.zeros((len(examples), width))
+    for i, ex in enumerate(examples):
+        w = ex[2] if len(ex) > 2 else ex[1]
+        w_BT[i, : len(w)] = torch.tensor(w, dtype=torch.float)
+    return w_BT
+
+
+def masked_nll(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, labels_BT: torch.Tensor, weights_BT: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean NLL of the labelled (action) tokens; with ``weights_BT``, the weighted mean.
 
     Projects only the positions that carry a label through the LM head: with actions a quarter
     of the tokens, this skips most of the vocabulary matmul a full ``model(labels=...)`` does.
@@ -53,7 +62,11 @@ def masked_nll(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, labels_BT: to
     tgt_BT = labels_BT[:, 1:]
     sel_BT = tgt_BT != IGNORE
     logits_ND = model.get_output_embeddings()(h_BTD[:, :-1][sel_BT])
-    return torch.nn.functional.cross_entropy(logits_ND.float(), tgt_BT[sel_BT])
+    if weights_BT is None:
+        return torch.nn.functional.cross_entropy(logits_ND.float(), tgt_BT[sel_BT])
+    w_N = weights_BT[:, 1:][sel_BT]
+    nll_N = torch.nn.functional.cross_entropy(logits_ND.float(), tgt_BT[sel_BT], reduction="none")
+    return (nll_N * w_N).sum() / w_N.sum()
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
@@ -65,7 +78,7 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
 
 def train_causal_lm(
     model: torch.nn.Module,
-    examples: Sequence[tuple[list[int], list[int]]],
+    examples: Sequence[tuple],
     *,
     pad_id: int,
     epochs: int,
@@ -78,10 +91,14 @@ def train_causal_lm(
     on_step: Callable[[int, float, float], None] | None = None,
     desc: str = "train",
 ) -> list[float]:
-    """AdamW on the masked NLL; returns the per-step losses. ``on_step(step, loss, lr)`` logs."""
+    """AdamW on the masked NLL; returns the per-step losses. ``on_step(step, loss, lr)`` logs.
+
+    ``examples``: ``(ids, action_mask)`` or ``(ids, action_mask, weights)`` (per-token loss weights).
+    """
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    lengths = [len(ids) for ids, _ in examples]
+    lengths = [len(ex[0]) for ex in examples]
+    weighted = any(len(ex) > 2 for ex in examples)
     plan = [make_batches(lengths, batch_size, rng) for _ in range(epochs)]
     total = sum(len(p) for p in plan)
     warmup = max(1, int(warmup_frac * total))
@@ -95,8 +112,10 @@ def train_causal_lm(
                 step = len(losses)
                 for group in opt.param_groups:
                     group["lr"] = lr_at(step, total, lr, warmup)
-                ids_BT, attn_BT, labels_BT = (x.to(device) for x in collate([examples[i] for i in batch], pad_id))
-                loss = masked_nll(model, ids_BT, attn_BT, labels_BT)
+                chunk = [examples[i] for i in batch]
+                ids_BT, attn_BT, labels_BT = (x.to(device) for x in collate([ex[:2] for ex in chunk], pad_id))
+                w_BT = collate_weights(chunk, ids_BT.shape[1]).to(device) if weighted else None
+                loss = masked_nll(model, ids_BT, attn_BT, labels_BT, w_BT)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)

@@ -2,6 +2,7 @@
 
 import random
 
+import pytest
 import torch
 
 from lopd.lm_train import IGNORE, collate, lr_at, make_batches, masked_nll, train_causal_lm
@@ -47,3 +48,40 @@ def test_training_lowers_the_loss_and_is_seeded():
         runs.append(train_causal_lm(model, examples, pad_id=tok.pad_token_id, epochs=15, lr=1e-2, batch_size=4, seed=3))
     assert runs[0] == runs[1]  # same seed, same numbers on CPU
     assert runs[0][-1] < 0.5 * runs[0][0]
+
+
+def test_weighted_nll_is_the_weighted_mean_of_token_nlls():
+    model = tiny_model()
+    ids_BT = torch.tensor([[5, 6, 7, 8]])
+    attn_BT = torch.ones_like(ids_BT)
+    labels_BT = torch.tensor([[IGNORE, IGNORE, 7, 8]])
+    with torch.no_grad():
+        logp = model(ids_BT).logits[0].log_softmax(-1)
+        nll7, nll8 = -logp[1, 7].item(), -logp[2, 8].item()
+        plain = masked_nll(model, ids_BT, attn_BT, labels_BT).item()
+        weighted = masked_nll(model, ids_BT, attn_BT, labels_BT, torch.tensor([[0.0, 0.0, 3.0, 1.0]])).item()
+    assert plain == pytest.approx((nll7 + nll8) / 2, rel=1e-5)
+    assert weighted == pytest.approx((3 * nll7 + nll8) / 4, rel=1e-5)
+
+
+def test_copy_weights_mark_argument_values_and_answers_only():
+    from lopd.bootstrap import copy_spans, episode_weights
+    from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, make_tasks, run_episode
+    from lopd.rollout import tokenize_episode
+
+    action = '<tool_call>{"name": "transfer", "arguments": {"from_id": "acc_123", "amount_cents": 23400}}</tool_call>'
+    assert [action[a:b] for a, b in copy_spans(action)] == ['"acc_123"', "23400"]
+    assert copy_spans("Done.") == [(0, 5)]
+    tok = tiny_tokenizer()
+    task = make_tasks("train", 1)[0]
+    env = ToolWorldEnv(task)
+    messages = env.initial_observation()
+    ep = run_episode(env, ScriptedExpert())
+    ids, mask = tokenize_episode(tok, messages, ep["actions"], ep["observations"])
+    w = episode_weights(tok, ids, mask, ep["actions"], 4.0)
+    assert len(w) == len(ids)
+    assert all((x > 0) == bool(m) for x, m in zip(w, mask))  # loss only on actions, as before
+    heavy = tok.decode([i for i, x in zip(ids, w) if x == 4.0])
+    first = ep["actions"][0]
+    value = first[slice(*copy_spans(first)[0])].strip('"')  # e.g. the owner's name
+    assert value in heavy and "tool_call" not in heavy
