@@ -22,10 +22,46 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+from transformers.cache_utils import DynamicLayer
 
 from lopd.backends import Generation
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys_BHLD, values_BHLD
+
+
+class _GrowingLayer(DynamicLayer):
+    """A ``DynamicLayer`` that appends into a buffer with spare room.
+
+    ``DynamicLayer`` re-concatenates the whole cache on every decode step (O(L) copies per token
+    per layer); doubling the capacity makes appends amortised O(1). ``keys``/``values`` stay
+    views of the filled part, so everything else that reads them is unchanged.
+    """
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self._k = self._v = None
+            self._n = 0
+        n = key_states.shape[-2]
+        if self._k is None or self._n + n > self._k.shape[-2]:
+            cap = max(64, 2 * (self._n + n))
+            k = key_states.new_empty(*key_states.shape[:-2], cap, key_states.shape[-1])
+            v = value_states.new_empty(*value_states.shape[:-2], cap, value_states.shape[-1])
+            if self._n:
+                k[..., : self._n, :] = self._k[..., : self._n, :]
+                v[..., : self._n, :] = self._v[..., : self._n, :]
+            self._k, self._v = k, v
+        self._k[..., self._n : self._n + n, :] = key_states
+        self._v[..., self._n : self._n + n, :] = value_states
+        self._n += n
+        self.keys, self.values = self._k[..., : self._n, :], self._v[..., : self._n, :]
+        return self.keys, self.values
+
+
+def _new_cache() -> DynamicCache:
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = _GrowingLayer  # layers are created lazily, one per layer index
+    return cache
 
 
 def _kv(cache: DynamicCache) -> KV:
@@ -33,7 +69,10 @@ def _kv(cache: DynamicCache) -> KV:
 
 
 def _cache(kv: KV) -> DynamicCache:
-    return DynamicCache(ddp_cache_data=kv)
+    cache = _new_cache()
+    for idx, (k, v) in enumerate(kv):
+        cache.update(k, v, idx)
+    return cache
 
 
 def _left_pad_kv(kv: KV, length: int) -> KV:
@@ -96,7 +135,7 @@ class CachedHFBackend:
                 new_BW[b, width - len(tail):] = 1
                 pos_BW[b, width - len(tail):] = torch.arange(len(row), len(row) + len(tail))
         mask_BL = torch.cat([mask_BL, new_BW], 1)
-        cache = _cache(kv) if kv is not None else DynamicCache()
+        cache = _cache(kv) if kv is not None else _new_cache()
         self.model(input_ids=ids_BW.to(device), attention_mask=mask_BL.to(device), position_ids=pos_BW.to(device),
                    cache=cache, use_cache=True, logits_to_keep=1)
         return _kv(cache), mask_BL
@@ -161,7 +200,7 @@ class CachedHFBackend:
             raise ValueError("generate: every prompt needs at least one token")
         self._prepare(prompts)
         device, B = self.model.device, len(prompts)
-        cache = _cache(self.kv) if self.kv is not None else DynamicCache()
+        cache = _cache(self.kv) if self.kv is not None else _new_cache()
         mask_BL = self.mask_BL
         cur_B = torch.tensor([p[-1] for p in prompts])
         pos_B = torch.tensor([len(p) - 1 for p in prompts])
