@@ -30,7 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(sub.add_parser("params", help="print the resolved params as JSON and exit"))
     _common(sub.add_parser("run", help="run every stage in order, in-process"))
     for name in STAGES:
-        _common(sub.add_parser(name.replace("_", "-"), help=f"run the {name} stage"))
+        stage = sub.add_parser(name.replace("_", "-"), help=f"run the {name} stage")
+        _common(stage)
+        if name == "distill":
+            stage.add_argument("--method", action="append", default=[], metavar="METHOD",
+                               help="train only this method (repeatable); same as --set distill.methods=[...]. "
+                                    "Results of other methods run earlier with the same params stay in metrics/distill.json")
     return parser
 
 
@@ -45,6 +50,12 @@ def _quiet_libraries() -> None:
     hf_logging.set_verbosity_error()
 
 
+def stage_overrides(args: argparse.Namespace) -> list[str]:
+    """``--set`` overrides plus what a stage's own flags mean in params (``--method``)."""
+    methods = getattr(args, "method", None)
+    return list(args.overrides) + ([f"distill.methods=[{','.join(methods)}]"] if methods else [])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -56,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     profile = None if args.profile in ("", "none") else args.profile
     try:
-        params = load_params(args.params, profile, args.overrides)
+        params = load_params(args.params, profile, stage_overrides(args))
     except ParamsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

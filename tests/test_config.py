@@ -93,3 +93,14 @@ def test_model_path_that_is_not_a_checkpoint_fails_before_compute(repo, tmp_path
     err = capsys.readouterr().err
     assert rc == 2 and "model.path" in err and "no config.json" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_distill_method_flag_selects_methods_through_params(repo):
+    from lopd.cli import build_parser, stage_overrides
+
+    args = build_parser().parse_args(["distill", "--params", str(repo / "params.yaml"), "--method", "grpo", "--method", "lopd"])
+    p = load_params(args.params, None, stage_overrides(args))
+    assert p.distill.methods == ["grpo", "lopd"]
+    bad = build_parser().parse_args(["distill", "--params", str(repo / "params.yaml"), "--method", "ppo"])
+    with pytest.raises(ParamsError, match="distill.methods"):
+        load_params(bad.params, None, stage_overrides(bad))
