@@ -25,11 +25,12 @@ import torch
 from lopd import layout
 from lopd.bank import BankError, read_bank
 from lopd.chat import encode, render_prompt
-from lopd.composer import Composer
+from lopd.composer import Composer, encoder_text
 from lopd.config import Params
-from lopd.episodes import Episode, Timer, from_trajectory, replay_entry, student_batch, teacher_batch
+from lopd.episodes import Episode, Timer, bank_episodes, student_batch, teacher_batch, to_episodes
 from lopd.io import atomic_path, write_json
 from lopd.losses import masked_mean, privilege, trajectory_margin
+from lopd.policy import make_engine, split_tasks, train_tasks_by_id
 from lopd.rollout import tokenize_episode
 from lopd.scoring import token_logprobs
 from lopd.teacher import teacher_logprobs
@@ -53,12 +54,11 @@ def teacher_token_logp(
     timer = timer or Timer()
     device = next(composer.parameters()).device
     with timer("encoder"):
-        texts = [composer_text for e, exps in zip(episodes, experiences) for composer_text in _encoder_texts(e, exps)]
+        texts = [encoder_text(e.task.text, x) for e, exps in zip(episodes, experiences) for x in exps]
         ids_NS, valid_NS = composer.tokenize(texts)
-        decoder = composer.backbone.get_base_model().get_decoder()
-        states_NSD = decoder(input_ids=ids_NS, attention_mask=valid_NS.long()).last_hidden_state
+        states_NSD = composer.encoder_states(ids_NS, valid_NS)
     with timer("resampler"):
-        lat_NKD = composer.resampler(states_NSD.to(composer.resampler.queries.dtype), valid_NS)
+        lat_NKD = composer.resampler(states_NSD, valid_NS)
         latents_BLD = lat_NKD.reshape(len(episodes), -1, lat_NKD.shape[-1])
     with timer("teacher_forward"):
         s_ids_BT, _, s_mask_BT = student_batch(episodes, tokenizer.pad_token_id)
@@ -67,26 +67,9 @@ def teacher_token_logp(
     return scores.token_logp_BT, s_mask_BT.to(device)
 
 
-def _encoder_texts(episode: Episode, experiences: Sequence[str]) -> list[str]:
-    from lopd.composer import encoder_text
-
-    return [encoder_text(episode.task.text, x) for x in experiences]
-
-
-def _tasks_by_id(p: Params) -> dict:
-    from lopd.policy import split_tasks
-
-    return {t.task_id: t for s in ("train", "dev") for t in split_tasks(p, s)}
-
-
-def train_targets(p: Params, tokenizer, bank, tasks_by_id: dict) -> list[Episode]:
-    """Bank entries replayed as episodes (train split only; deterministic order, optional cap)."""
-    rows = bank.sort_values("bank_id")
-    rows = rows[rows["task_id"].isin(tasks_by_id)]
-    episodes = [
-        replay_entry(tokenizer, tasks_by_id[r.task_id], r.steps_json, p.env.max_turns, p.env.success_threshold)
-        for r in rows.itertuples()
-    ]
+def train_targets(p: Params, tokenizer, bank) -> list[Episode]:
+    """Bank entries replayed as episodes (train tasks, ``bank_id`` order, capped by ``cold_start.max_targets``)."""
+    episodes = bank_episodes(p, tokenizer, bank, train_tasks_by_id(p))
     return episodes[: p.cold_start.max_targets] if p.cold_start.max_targets else episodes
 
 
@@ -212,7 +195,6 @@ def run(p: Params) -> dict:
     import mlflow
 
     from lopd.modeling import load_policy
-    from lopd.policy import make_engine, split_tasks
     from lopd.retrieval import open_retriever
     from lopd.tracking import stage_run
 
@@ -230,8 +212,7 @@ def run(p: Params) -> dict:
         backbone, tokenizer = load_policy(path, p.model.dtype)
         student, _ = load_policy(path, p.model.dtype)  # the untouched base: rollouts and the no-latent NLL
         composer = Composer.build(backbone, tokenizer, p.composer, seed=p.seed)
-        tasks_by_id = _tasks_by_id(p)
-        targets = train_targets(p, tokenizer, bank, tasks_by_id)
+        targets = train_targets(p, tokenizer, bank)
         log.info("cold start: %d bank entries, %d targets, n_ret=%d, K=%d", len(bank), len(targets), p.retrieval.n_ret, p.composer.num_latents)
 
         def on_step(step, loss):
@@ -244,8 +225,7 @@ def run(p: Params) -> dict:
         dev_tasks = split_tasks(p, "dev", p.cold_start.eval_dev_tasks)
         engine = make_engine(p, student, tokenizer)
         trajs = engine.run(dev_tasks, seed=p.seed, id_prefix="cs-dev")
-        by_id = {t.task_id: t for t in dev_tasks}
-        dev_eps = [from_trajectory(by_id[tr.task_id], tr, _messages(p, by_id[tr.task_id])) for tr in trajs]
+        dev_eps = to_episodes(p, dev_tasks, trajs)
         policy_wins = [e for e in dev_eps if e.reward >= p.env.success_threshold]
         if len(policy_wins) >= MIN_POLICY_WINS:
             nll_eps, nll_source = policy_wins, "base policy dev successes"
@@ -275,9 +255,3 @@ def run(p: Params) -> dict:
         mlflow.log_metrics({f"step_ms_{k}": v for k, v in metrics["step_ms"].items()})
         write_json(layout.metrics_path(p, "cold_start"), {"params": p.flat(), **metrics})
     return metrics
-
-
-def _messages(p: Params, task) -> list[dict]:
-    from lopd.envs.toolworld import ToolWorldEnv
-
-    return ToolWorldEnv(task, max_turns=p.env.max_turns, success_threshold=p.env.success_threshold).initial_observation()

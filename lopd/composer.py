@@ -204,11 +204,15 @@ class Composer(nn.Module):
         dev = _device(self.backbone)
         return ids_NS.to(dev), valid_NS.to(dev)
 
-    def encode(self, ids_NS: Tensor, valid_NS: Tensor) -> Tensor:
-        """One (task, experience) text per row → ``(N, K, D)`` latents (float32, the resampler's dtype)."""
+    def encoder_states(self, ids_NS: Tensor, valid_NS: Tensor) -> Tensor:
+        """Last-layer hidden states ``(N, S, D)`` of the backbone with the encoder LoRA on, in the resampler's dtype."""
         decoder = self.backbone.get_base_model().get_decoder()  # LoRA layers live inside it; no LM head needed
         states_NSD = decoder(input_ids=ids_NS, attention_mask=valid_NS.long()).last_hidden_state
-        return self.resampler(states_NSD.to(self.resampler.queries.dtype), valid_NS)
+        return states_NSD.to(self.resampler.queries.dtype)
+
+    def encode(self, ids_NS: Tensor, valid_NS: Tensor) -> Tensor:
+        """One (task, experience) text per row → ``(N, K, D)`` latents (float32, the resampler's dtype)."""
+        return self.resampler(self.encoder_states(ids_NS, valid_NS), valid_NS)
 
     def forward(self, tasks: Sequence[str], experiences: Sequence[Sequence[str]]) -> Tensor:
         """``tasks[b]`` with its retrieved ``experiences[b]`` (n_ret each, retrieval order) → ``(B, n_ret·K, D)``."""

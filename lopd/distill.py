@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 
 from lopd import layout
 from lopd.config import Params, ParamsError
-from lopd.episodes import Timer, student_batch, teacher_batch
+from lopd.episodes import Timer, student_batch, teacher_batch, to_episodes
 from lopd.io import atomic_path, read_json, write_json
 from lopd.losses import composer_lagrangian, dual_update, latent_anchor, masked_mean, privilege, topm_kl_per_token, trajectory_margin
 from lopd.onpolicy import (
@@ -55,8 +55,8 @@ from lopd.onpolicy import (
     round_of,
     rollout_budget,
     step_tasks,
-    to_episodes,
 )
+from lopd.policy import train_tasks_by_id
 from lopd.scoring import token_logprobs
 from lopd.teacher import teacher_logprobs
 
@@ -289,12 +289,6 @@ class LOPDTrainer:
 # ----------------------------------------------------------------------------- building a method's trainer
 
 
-def _tasks_by_id(p: Params) -> dict:
-    from lopd.policy import split_tasks
-
-    return {t.task_id: t for t in split_tasks(p, "train")}
-
-
 def make_trainer(p: Params, method: str, student, tokenizer, *, fresh_bank: bool = True, rounds: bool = True):
     """The trainer of ``method`` ('lopd', 'grpo', 'sft') around a trainable ``student``.
 
@@ -305,13 +299,14 @@ def make_trainer(p: Params, method: str, student, tokenizer, *, fresh_bank: bool
     """
     from lopd.bank import read_bank
 
-    tasks_by_id = _tasks_by_id(p)
+    tasks_by_id = train_tasks_by_id(p)
     if method == "grpo":
         from lopd.grpo import GRPOTrainer
 
         return GRPOTrainer(p, student, tokenizer)
     if method == "sft":
-        from lopd.sft import SFTTrainer, bank_episodes
+        from lopd.episodes import bank_episodes
+        from lopd.sft import SFTTrainer
 
         return SFTTrainer(p, student, tokenizer, bank_episodes(p, tokenizer, read_bank(layout.bank_dir(p)), tasks_by_id), tasks_by_id)
     if method != "lopd":

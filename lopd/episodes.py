@@ -14,12 +14,13 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import torch
 
 from lopd.chat import encode, render_prompt
 from lopd.envs.toolworld import ToolWorldEnv
+from lopd.lm_train import IGNORE, collate
 from lopd.rollout import Trajectory, tokenize_episode
 from lopd.teacher import TeacherBatch, align_to_student, collate_teacher, teacher_prompt
 
@@ -36,6 +37,18 @@ class Episode:
 
 def from_trajectory(task, traj: Trajectory, messages: list[dict]) -> Episode:
     return Episode(task, messages, traj.token_ids, traj.action_mask, traj.prompt_len, traj.reward)
+
+
+def initial_messages(p, task) -> list[dict]:
+    """The messages the engine rendered the task's prompt from (the env is deterministic per task)."""
+    return ToolWorldEnv(task, max_turns=p.env.max_turns, success_threshold=p.env.success_threshold).initial_observation()
+
+
+def to_episodes(p, tasks: Iterable, trajs: Sequence[Trajectory]) -> list[Episode]:
+    """Each trajectory as an :class:`Episode` (exact sampled ids, action mask, reward), in order."""
+    by_id = {t.task_id: t for t in tasks}
+    messages = {tid: initial_messages(p, t) for tid, t in by_id.items()}
+    return [from_trajectory(by_id[tr.task_id], tr, messages[tr.task_id]) for tr in trajs]
 
 
 def replay_entry(tokenizer, task, steps_json: str, max_turns: int, success_threshold: float) -> Episode:
@@ -55,18 +68,20 @@ def replay_entry(tokenizer, task, steps_json: str, max_turns: int, success_thres
     return Episode(task, messages, ids, mask, prompt_len, reward)
 
 
+def bank_episodes(p, tokenizer, bank, tasks_by_id: dict) -> list[Episode]:
+    """The bank's entries on known train tasks, replayed and tokenised, in ``bank_id`` order."""
+    rows = bank.sort_values("bank_id")
+    return [
+        replay_entry(tokenizer, tasks_by_id[r.task_id], r.steps_json, p.env.max_turns, p.env.success_threshold)
+        for r in rows.itertuples()
+        if r.task_id in tasks_by_id
+    ]
+
+
 def student_batch(episodes: Sequence[Episode], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ``ids_BT``, ``attn_BT`` and ``mask_BT`` (bool, action tokens)."""
-    width = max(len(e.token_ids) for e in episodes)
-    ids_BT = torch.full((len(episodes), width), pad_id, dtype=torch.long)
-    attn_BT = torch.zeros_like(ids_BT)
-    mask_BT = torch.zeros((len(episodes), width), dtype=torch.bool)
-    for i, e in enumerate(episodes):
-        n = len(e.token_ids)
-        ids_BT[i, :n] = torch.tensor(e.token_ids)
-        attn_BT[i, :n] = 1
-        mask_BT[i, :n] = torch.tensor(e.action_mask, dtype=torch.bool)
-    return ids_BT, attn_BT, mask_BT
+    """Right-padded ``ids_BT``, ``attn_BT`` and ``mask_BT`` (bool, action tokens): ``lm_train.collate``'s layout."""
+    ids_BT, attn_BT, labels_BT = collate([(e.token_ids, e.action_mask) for e in episodes], pad_id)
+    return ids_BT, attn_BT, labels_BT != IGNORE
 
 
 def teacher_batch(tokenizer, episodes: Sequence[Episode], n_latents: int, placeholder: str) -> TeacherBatch:

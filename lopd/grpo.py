@@ -23,9 +23,9 @@ from typing import Sequence
 import torch
 
 from lopd.config import Params
-from lopd.episodes import Episode, Timer, student_batch
+from lopd.episodes import Episode, Timer, student_batch, to_episodes
 from lopd.losses import grpo_advantages, grpo_policy_loss, masked_mean
-from lopd.onpolicy import make_adam, optimizer_step, to_episodes
+from lopd.onpolicy import make_adam, optimizer_step
 from lopd.scoring import token_logprobs
 
 

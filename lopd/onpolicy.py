@@ -1,4 +1,4 @@
-"""What every method of ``lopd distill`` shares: the rollout budget, each step's tasks, episodes, the optimiser step.
+"""What every method of ``lopd distill`` shares: the rollout budget, each step's tasks, seeds, the optimiser step.
 
 Budget accounting (spec weakness 3: count every generation exactly). A *generation* is one
 complete trajectory sampled by the policy being trained. Every method spends exactly
@@ -23,9 +23,6 @@ from typing import Iterable, Sequence
 import torch
 
 from lopd.config import Params, ParamsError
-from lopd.envs.toolworld import ToolWorldEnv
-from lopd.episodes import Episode, from_trajectory
-from lopd.rollout import Trajectory
 
 METHODS = ("lopd", "grpo", "sft", "vanilla")
 
@@ -57,18 +54,6 @@ def round_of(p: Params, step: int) -> int:
 
 def ends_round(p: Params, step: int) -> bool:
     return step + 1 == p.distill.steps or round_of(p, step + 1) != round_of(p, step)
-
-
-def initial_messages(p: Params, task) -> list[dict]:
-    """The messages the engine rendered the task's prompt from (the env is deterministic per task)."""
-    return ToolWorldEnv(task, max_turns=p.env.max_turns, success_threshold=p.env.success_threshold).initial_observation()
-
-
-def to_episodes(p: Params, tasks: Iterable, trajs: Sequence[Trajectory]) -> list[Episode]:
-    """Each trajectory as an :class:`Episode` (exact sampled ids, action mask, reward), in order."""
-    by_id = {t.task_id: t for t in tasks}
-    messages = {tid: initial_messages(p, t) for tid, t in by_id.items()}
-    return [from_trajectory(by_id[tr.task_id], tr, messages[tr.task_id]) for tr in trajs]
 
 
 def make_adam(params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Adam:

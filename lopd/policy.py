@@ -26,3 +26,8 @@ def split_tasks(p: Params, split: str, n: int | None = None) -> Sequence:
     """The first ``n`` tasks of a split (default: the split's configured size)."""
     size = {"train": p.env.n_train, "dev": p.env.n_dev, "test": p.env.n_test}[split]
     return make_tasks(split, min(n or size, size), seed=p.env.task_seed, families=p.env.families)
+
+
+def train_tasks_by_id(p: Params) -> dict:
+    """Every configured train task by id (bank entries and rollouts name their task by id)."""
+    return {t.task_id: t for t in split_tasks(p, "train")}

@@ -14,19 +14,9 @@ import random
 from typing import Sequence
 
 from lopd.config import Params
-from lopd.episodes import Episode, Timer, replay_entry
+from lopd.episodes import Episode, Timer, initial_messages, to_episodes
 from lopd.lm_train import collate, masked_nll
-from lopd.onpolicy import initial_messages, make_adam, optimizer_step, to_episodes
-
-
-def bank_episodes(p: Params, tokenizer, bank, tasks_by_id: dict) -> list[Episode]:
-    """The bank's entries on known train tasks, replayed and tokenised, in ``bank_id`` order."""
-    rows = bank.sort_values("bank_id")
-    return [
-        replay_entry(tokenizer, tasks_by_id[r.task_id], r.steps_json, p.env.max_turns, p.env.success_threshold)
-        for r in rows.itertuples()
-        if r.task_id in tasks_by_id
-    ]
+from lopd.onpolicy import make_adam, optimizer_step
 
 
 class SFTTrainer:

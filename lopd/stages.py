@@ -2,55 +2,30 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Callable
 
 from lopd.config import Params
 
 
-def _bootstrap(p: Params) -> dict:
-    from lopd import bootstrap
+def _stage(module: str) -> Callable[[Params], dict]:
+    """``lopd.<module>.run``, imported on first call (torch, mlflow and faiss load only when a stage runs)."""
 
-    return bootstrap.run(p)
+    def run(p: Params) -> dict:
+        return importlib.import_module(f"lopd.{module}").run(p)
 
-
-def _collect(p: Params) -> dict:
-    from lopd import collect
-
-    return collect.run(p)
-
-
-def _index(p: Params) -> dict:
-    from lopd import index_stage
-
-    return index_stage.run(p)
-
-
-def _cold_start(p: Params) -> dict:
-    from lopd import cold_start
-
-    return cold_start.run(p)
-
-
-def _distill(p: Params) -> dict:
-    from lopd import distill
-
-    return distill.run(p)
-
-
-def _evaluate(p: Params) -> dict:
-    from lopd import evaluate
-
-    return evaluate.run(p)
+    run.__name__ = run.__qualname__ = module
+    return run
 
 
 # name -> stage function, in pipeline order (CLI subcommands use the name with "-" for "_").
 STAGES: dict[str, Callable[[Params], dict]] = {
-    "bootstrap": _bootstrap,
-    "collect": _collect,
-    "index": _index,
-    "cold_start": _cold_start,
-    "distill": _distill,
-    "evaluate": _evaluate,
+    "bootstrap": _stage("bootstrap"),
+    "collect": _stage("collect"),
+    "index": _stage("index_stage"),
+    "cold_start": _stage("cold_start"),
+    "distill": _stage("distill"),  # lopd needs cold start's models/composer
+    "evaluate": _stage("evaluate"),
 }
 
 

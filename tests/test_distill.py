@@ -24,7 +24,8 @@ from lopd.composer import Composer
 from lopd.config import ParamsError, load_params
 from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, run_episode
 from lopd.losses import dual_update, grpo_advantages
-from lopd.onpolicy import rollout_budget, step_tasks, to_episodes
+from lopd.episodes import to_episodes
+from lopd.onpolicy import rollout_budget, step_tasks
 from lopd.policy import make_engine, split_tasks
 from lopd.rollout import Trajectory, tokenize_episode
 from tests.helpers import tiny_model, tiny_tokenizer
