@@ -5,8 +5,10 @@ PYTHON  ?= python3
 PROFILE ?= demo
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+PREFECT_PORT ?= 4200
+MLFLOW_PORT  ?= 5000
 
-.PHONY: install run test bench repro clean-outputs
+.PHONY: install run test bench repro clean-outputs serve ui
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,3 +33,16 @@ repro: install
 
 clean-outputs:
 	rm -rf models data metrics/*.json
+
+# A local Prefect server on 127.0.0.1:$(PREFECT_PORT) (PREFECT_HOME and its database under .prefect/)
+# serving deployment lopd/full (cron from params' schedule section, bank-growth trigger) and
+# lopd-sweep/sweep; Ctrl-C stops both. The profile is schedule.profile unless PROFILE=... is given.
+serve: install
+	PREFECT_HOME=$(CURDIR)/.prefect $(BIN)/python -m flows.serve --start-server --host 127.0.0.1 --port $(PREFECT_PORT) \
+		$(if $(filter command line,$(origin PROFILE)),--profile $(PROFILE))
+
+# The MLflow UI on 127.0.0.1:$(MLFLOW_PORT) over the project store (lopd/tracking.py's default).
+ui: install
+	$(BIN)/mlflow server --host 127.0.0.1 --port $(MLFLOW_PORT) --workers 1 \
+		--backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db \
+		--default-artifact-root file://$(CURDIR)/mlruns/artifacts

@@ -130,6 +130,9 @@ def append_round(
     finally:
         os.unlink(tmp)
     log.info("bank: round %d adds %d entries (%d duplicates dropped)", round_, len(new), len(rows) - len(new))
+    from lopd.events import bank_grew
+
+    bank_grew(bank_dir, round_, len(new), len(new) + (len(existing) if existing is not None else 0))  # no-op without a Prefect server
     return new
 
 

@@ -1,4 +1,4 @@
-"""`lopd` — one subcommand per pipeline stage, plus `run` (all stages) and `params`.
+"""`lopd` — one subcommand per pipeline stage, plus `run` (all stages), `sweep` (methods × seeds) and `params`.
 
 Every subcommand takes ``--params``, ``--profile`` and ``--set key=value`` (repeatable), and
 validates the resolved params before any compute.
@@ -29,6 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _common(sub.add_parser("params", help="print the resolved params as JSON and exit"))
     _common(sub.add_parser("run", help="run every stage in order, in-process"))
+    sweep = sub.add_parser("sweep", help="distill + evaluate every method at every seed; mean ± std and t-intervals in MLflow and metrics/sweep.*")
+    _common(sweep)
+    sweep.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default: 0,1,2)")
+    sweep.add_argument("--methods", default="lopd,grpo,vanilla,sft", help="comma-separated methods (default: lopd,grpo,vanilla,sft)")
     for name in STAGES:
         stage = sub.add_parser(name.replace("_", "-"), help=f"run the {name} stage")
         _common(stage)
@@ -63,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    for noisy in ("alembic", "mlflow", "httpx", "urllib3"):
+    for noisy in ("alembic", "mlflow", "httpx", "urllib3", "great_expectations"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     profile = None if args.profile in ("", "none") else args.profile
     try:
@@ -74,8 +78,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "params":
         print(json.dumps(params.model_dump(), indent=2))
         return 0
+    if args.command == "sweep":
+        from lopd import sweep
+
+        try:  # bad --seeds / --methods fail here, before any compute
+            seeds, methods = sweep.parse_seeds(args.seeds), sweep.parse_methods(args.methods)
+        except ParamsError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     _quiet_libraries()
     from lopd.validation import DataValidationError
+
+    if args.command == "sweep":
+        try:
+            result = sweep.run(params, seeds, methods)
+        except (ParamsError, DataValidationError, FileNotFoundError, sweep.SweepError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2 if isinstance(e, ParamsError) else 1
+        print((params.root() / "metrics" / "sweep.md").read_text(), end="")
+        logging.getLogger("lopd").info("sweep: MLflow parent run %s; tables in %s", result["parent_run_id"], params.root() / "metrics")
+        return 0
 
     command = args.command.replace("-", "_")
     stages = STAGES if command == "run" else {command: STAGES[command]}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,6 +50,7 @@ class ModelParams(_Section):
 class BootstrapParams(_Section):
     n_demos: int = Field(3000, ge=1, description="Noisy-expert episodes used to pre-train the base policy")
     demo_error_rate: float = Field(0.2, ge=0.0, le=1.0, description="Per-decision error rate of the noisy expert (sets how mediocre the base is)")
+    short_context_epochs: int = Field(1, ge=0, description="Curriculum: epochs over each demo's task and first action, without the system prompt, before the full demos (a small model learns to copy from the task on short contexts first); 0 = off")
     epochs: int = Field(3, ge=1, description="Pre-training epochs over the demonstrations")
     lr: float = Field(3e-3, gt=0.0, description="Pre-training peak learning rate (AdamW, cosine decay)")
     batch_size: int = Field(32, ge=1, description="Pre-training sequences per step")
@@ -181,6 +183,40 @@ class PathsParams(_Section):
     root: str = Field(".", description="Project directory that models/, data/ and metrics/ live under")
 
 
+_CRON_FIELD = re.compile(r"^[0-9A-Za-z*?/,\-]+$")
+
+
+class ScheduleParams(_Section):
+    """How the served Prefect deployment ``lopd/full`` runs (``flows/serve.py``); no effect on results."""
+
+    cron: str = Field("0 3 * * 0", description="Cron of the scheduled retraining run of deployment lopd/full (5 fields); '' = no schedule")
+    timezone: str = Field("UTC", description="IANA timezone the cron is read in (e.g. Europe/Paris)")
+    profile: str = Field("demo", min_length=1, description="Profile of the served deployment's runs ('none' = params.yaml alone); `python -m flows.serve --profile` overrides it")
+    bank_trigger: bool = Field(True, description="Also run lopd/full when a lopd.bank.grew event names this project's data/bank (an append to the bank)")
+    retries: int = Field(2, ge=0, description="Retries of a stage task after a transient failure (never after bad params or bad data)")
+    retry_delay_s: float = Field(30.0, ge=0.0, description="Seconds before each of those retries")
+    reuse_results: bool = Field(True, description="Flow runs skip a stage whose params, code and input files are unchanged and whose outputs exist (a re-run resumes at the failed stage)")
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, v: str) -> str:
+        fields = v.split()
+        if v.strip() and (len(fields) != 5 or not all(_CRON_FIELD.match(f) for f in fields)):
+            raise ValueError(f"schedule.cron = {v!r} is invalid: expected 5 cron fields such as '0 3 * * 0' (or '' for no schedule)")
+        return v
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, v: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"schedule.timezone = {v!r} is invalid: expected an IANA timezone such as 'UTC' or 'Europe/Paris'") from None
+        return v
+
+
 class Params(_Section):
     seed: int = Field(0, description="Global seed: the same seed gives the same numbers on CPU")
     model: ModelParams = ModelParams()
@@ -197,6 +233,7 @@ class Params(_Section):
     evaluate: EvaluateParams = EvaluateParams()
     tracking: TrackingParams = TrackingParams()
     paths: PathsParams = PathsParams()
+    schedule: ScheduleParams = ScheduleParams()
     profile: str | None = Field(None, description="Overlay that was applied (set by the loader)")
 
     def flat(self) -> dict[str, Any]:

@@ -94,11 +94,11 @@ def curve_path(p: Params) -> Path:
 
 
 def comparable_hash(p: Params) -> str:
-    """Hash of every param that changes the numbers (not which methods run, resume, cadence of checkpoints, tracking, paths)."""
+    """Hash of every param that changes the numbers (not which methods run, resume, cadence of checkpoints, tracking, paths, schedule)."""
     import hashlib
 
     d = p.model_dump()
-    for key in ("profile", "tracking", "paths"):
+    for key in ("profile", "tracking", "paths", "schedule"):
         d.pop(key)
     for key in ("methods", "resume", "checkpoint_every"):
         d["distill"].pop(key)

@@ -1,0 +1,39 @@
+"""Flow `lopd-sweep`: every method at every seed (``lopd.sweep.run``), as a Prefect flow.
+
+No logic here: the sweep (shared stages, one output root per seed, MLflow parent and child
+runs, the aggregate tables) lives in ``lopd/sweep.py``. Run it in-process with
+``python -m flows.sweep_flow --profile smoke --seeds 0,1 --methods lopd,vanilla``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from prefect import flow
+
+from lopd import sweep
+from lopd.config import DEFAULT_PROFILE, load_params
+
+
+@flow(name="lopd-sweep", log_prints=True)
+def sweep_flow(
+    params_path: str = "params.yaml",
+    profile: str = DEFAULT_PROFILE,
+    overrides: list[str] | None = None,
+    seeds: list[int] = [0, 1, 2],  # noqa: B006 - Prefect parameters: the defaults are copied per run
+    methods: list[str] = ["lopd", "grpo", "vanilla", "sft"],  # noqa: B006
+) -> dict:
+    """``lopd sweep``: returns what ``lopd.sweep.run`` returns (parent run id, per-seed metrics, aggregate)."""
+    p = load_params(params_path, None if profile in ("", "none") else profile, overrides or [])
+    return sweep.run(p, list(seeds), list(methods))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--profile", default=DEFAULT_PROFILE)
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--methods", default="lopd,grpo,vanilla,sft")
+    a = ap.parse_args()
+    sweep_flow(a.params, a.profile, a.overrides, sweep.parse_seeds(a.seeds), sweep.parse_methods(a.methods))
