@@ -1,0 +1,237 @@
+"""Multi-seed sweeps: the statistics by hand, then a real 2 methods × 2 seeds sweep at the smoke
+profile (shared stages run once into a temporary root, MLflow in a temporary sqlite store)."""
+
+import csv
+import io
+import json
+import math
+
+import pytest
+
+from lopd import layout, sweep
+from lopd.cli import main
+from lopd.config import ParamsError, load_params
+
+# ----------------------------------------------------------------------------- statistics by hand
+
+T975_DF1 = 12.706204736174707  # Student t, 97.5 % quantile, 1 degree of freedom (tables: 12.706)
+T975_DF2 = 4.302652729749464  # 2 degrees of freedom (tables: 4.303)
+
+
+def test_aggregate_three_values_by_hand():
+    a = sweep.aggregate([0.2, 0.4, 0.9], 0.95)
+    # mean 0.5; deviations -0.3, -0.1, 0.4 → sum of squares 0.26, / (n-1) = 0.13
+    sd = math.sqrt(0.13)
+    half = T975_DF2 * sd / math.sqrt(3)
+    assert a["n"] == 3
+    assert a["mean"] == pytest.approx(0.5, abs=1e-12)
+    assert a["std"] == pytest.approx(0.36055512754639896, abs=1e-12) == pytest.approx(sd)
+    assert (a["ci_low"], a["ci_high"]) == (pytest.approx(0.5 - half, abs=1e-9), pytest.approx(0.5 + half, abs=1e-9))
+    assert a["ci_low"] == pytest.approx(-0.3956686, abs=1e-6) and a["ci_high"] == pytest.approx(1.3956686, abs=1e-6)
+
+
+def test_aggregate_two_values_and_one_value():
+    a = sweep.aggregate([1.0, 3.0], 0.95)
+    # mean 2, std sqrt(2), half width t * sqrt(2) / sqrt(2) = t
+    assert (a["mean"], a["std"]) == (pytest.approx(2.0), pytest.approx(math.sqrt(2)))
+    assert (a["ci_low"], a["ci_high"]) == (pytest.approx(2 - T975_DF1, abs=1e-9), pytest.approx(2 + T975_DF1, abs=1e-9))
+    one = sweep.aggregate([0.7], 0.95)
+    assert one == {"n": 1, "mean": 0.7, "std": None, "ci_low": None, "ci_high": None}
+    wider = sweep.aggregate([0.2, 0.4, 0.9], 0.99)
+    assert wider["ci_high"] - wider["ci_low"] > 2 * T975_DF2 * math.sqrt(0.13) / math.sqrt(3)
+
+
+def test_tables_carry_the_aggregate_and_every_seed():
+    per_seed = {"lopd": {0: {"test_success_rate": 0.25, "rollouts": 8.0}, 1: {"test_success_rate": 0.75, "rollouts": 8.0}},
+                "vanilla": {0: {"test_success_rate": 0.5, "rollouts": 0.0}, 1: {"test_success_rate": 0.5, "rollouts": 0.0}}}
+    agg = sweep.aggregate_table(per_seed, 0.95)
+    assert agg["lopd"]["test_success_rate"]["mean"] == 0.5 and agg["lopd"]["test_success_rate"]["values"] == [0.25, 0.75]
+    assert agg["vanilla"]["test_success_rate"]["std"] == 0.0
+    rows = list(csv.DictReader(io.StringIO(sweep.csv_table(agg, per_seed, [0, 1]))))
+    row = next(r for r in rows if (r["method"], r["metric"]) == ("lopd", "test_success_rate"))
+    assert float(row["mean"]) == 0.5 and float(row["std"]) == pytest.approx(math.sqrt(0.125))
+    assert (float(row["seed0"]), float(row["seed1"])) == (0.25, 0.75)
+    assert float(row["ci_high"]) == pytest.approx(0.5 + T975_DF1 * math.sqrt(0.125) / math.sqrt(2))
+    md = sweep.markdown_table(agg, [0, 1], 0.95)
+    lopd_row = next(line for line in md.splitlines() if line.startswith("| lopd |"))
+    assert "0.500 ± 0.354" in lopd_row and "95% Student-t" in md
+
+
+def test_bad_seeds_and_methods_fail_before_compute(repo, tmp_path, capsys):
+    with pytest.raises(ParamsError, match="--methods"):
+        sweep.parse_methods("lopd,ppo")
+    with pytest.raises(ParamsError, match="each once"):
+        sweep.parse_seeds("1,1")
+    assert sweep.parse_seeds("0, 2") == [0, 2] and sweep.parse_methods(" grpo ,vanilla") == ["grpo", "vanilla"]
+    rc = main(["sweep", "--params", str(repo / "params.yaml"), "--profile", "smoke", "--set", f"paths.root={tmp_path}",
+               "--seeds", "0,x"])
+    assert rc == 2 and "--seeds" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- a real sweep
+
+# Smaller still than the smoke profile, so the shared stages take seconds.
+FAST = ["bootstrap.n_demos=32", "bootstrap.expert_check_tasks=8", "bootstrap.eval_dev_tasks=4", "env.n_dev=8",
+        "collect.n_tasks=8", "bank.expert_top_up=16", "cold_start.eval_dev_tasks=8", "evaluate.n_tasks=8"]
+SEEDS, METHODS = [0, 1], ["lopd", "vanilla"]
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory, request):
+    """``lopd sweep --seeds 0,1 --methods lopd,vanilla`` into an empty root: the shared stages run once there."""
+    root = tmp_path_factory.mktemp("sweep")
+    repo = request.config.rootpath
+    overrides = [f"paths.root={root}", f"tracking.tracking_uri=sqlite:///{root}/store/mlflow.db", *FAST]
+    sets = [a for o in overrides for a in ("--set", o)]
+    rc = main(["-q", "sweep", "--params", str(repo / "params.yaml"), "--profile", "smoke", *sets,
+               "--seeds", ",".join(map(str, SEEDS)), "--methods", ",".join(METHODS)])
+    assert rc == 0
+    p = load_params(repo / "params.yaml", "smoke", overrides)
+    return p, json.loads((root / "metrics" / "sweep.json").read_text())
+
+
+def _client(p):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    mlflow.set_tracking_uri(p.tracking.tracking_uri)
+    return MlflowClient(p.tracking.tracking_uri)
+
+
+def _children(p, parent_id):
+    import mlflow
+
+    _client(p)
+    return mlflow.search_runs(experiment_names=[p.tracking.experiment], output_format="list",
+                              filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
+
+
+@pytest.mark.slow
+def test_one_parent_with_one_child_per_method_and_seed(swept):
+    p, result = swept
+    client = _client(p)
+    parent = client.get_run(result["parent_run_id"])
+    assert parent.info.run_name == "sweep-smoke" and parent.info.status == "FINISHED"
+    assert parent.data.tags["stage"] == "sweep" and "mlflow.parentRunId" not in parent.data.tags
+    kids = _children(p, result["parent_run_id"])
+    assert len(kids) == len(METHODS) * len(SEEDS) == 4
+    got = {(r.data.tags["method"], int(r.data.tags["seed"])) for r in kids}
+    assert got == {(m, k) for m in METHODS for k in SEEDS}
+    for r in kids:
+        assert r.info.run_name == f"sweep-{r.data.tags['method']}-seed{r.data.tags['seed']}"
+        assert r.info.status == "FINISHED"
+        assert set(r.data.metrics) == set(sweep.METRICS)  # the same names in every child
+    vanilla = [r for r in kids if r.data.tags["method"] == "vanilla"]
+    assert all(r.data.metrics["rollouts"] == 0 for r in vanilla)  # the base, not trained
+    lopd = [r for r in kids if r.data.tags["method"] == "lopd"]
+    assert all(r.data.metrics["rollouts"] == p.distill.steps * p.distill.batch_tasks for r in lopd)
+
+
+@pytest.mark.slow
+def test_aggregate_artifact_equals_mean_and_std_of_the_children(swept, tmp_path):
+    import mlflow
+    import numpy as np
+    from scipy import stats
+
+    p, result = swept
+    kids = _children(p, result["parent_run_id"])
+    path = mlflow.artifacts.download_artifacts(run_id=result["parent_run_id"], artifact_path="sweep.csv", dst_path=str(tmp_path))
+    rows = list(csv.DictReader(open(path)))
+    assert {(r["method"], r["metric"]) for r in rows} == {(m, k) for m in METHODS for k in sweep.METRICS}
+    parent = _client(p).get_run(result["parent_run_id"])
+    nonzero_std = 0
+    for row in rows:
+        vals = np.array([r.data.metrics[row["metric"]] for r in kids if r.data.tags["method"] == row["method"]])
+        assert len(vals) == 2
+        mean, std = vals.mean(), vals.std(ddof=1)
+        half = stats.t.ppf(0.975, len(vals) - 1) * std / np.sqrt(len(vals))
+        assert float(row["mean"]) == pytest.approx(mean, abs=1e-12)
+        assert float(row["std"]) == pytest.approx(std, abs=1e-12)
+        assert (float(row["ci_low"]), float(row["ci_high"])) == (pytest.approx(mean - half, abs=1e-9), pytest.approx(mean + half, abs=1e-9))
+        assert parent.data.metrics[f"{row['method']}/{row['metric']}/mean"] == pytest.approx(mean, abs=1e-12)
+        assert parent.data.metrics[f"{row['method']}/{row['metric']}/std"] == pytest.approx(std, abs=1e-12)
+        nonzero_std += std > 0
+    assert nonzero_std > 0  # the seeds did change something (else this test would prove little)
+    md = mlflow.artifacts.download_artifacts(run_id=result["parent_run_id"], artifact_path="sweep.md", dst_path=str(tmp_path))
+    assert open(md).read() == (p.root() / "metrics" / "sweep.md").read_text()
+    assert open(path).read() == (p.root() / "metrics" / "sweep.csv").read_text()
+
+
+@pytest.mark.slow
+def test_each_seed_has_its_own_root_over_the_shared_inputs(swept):
+    import mlflow
+
+    p, result = swept
+    assert result["shared_stages_run"] == ["bootstrap", "collect", "index", "cold_start"]  # lopd needs all four
+    roots = [sweep.seed_root(p, k) for k in SEEDS]
+    for k, r in zip(SEEDS, roots):
+        assert (r / "models" / "student" / "config.json").exists()  # the seed's own student
+        assert not (r / "models" / "student").is_symlink()
+        assert (r / "models" / "base").is_symlink() and (r / "models" / "base").resolve() == layout.base_model_dir(p)
+        assert (r / "data" / "bank").resolve() == layout.bank_dir(p)
+        assert (r / "data" / "distill" / "bank").is_dir() and not (r / "data" / "distill" / "bank").is_symlink()
+        ev = json.loads((r / "metrics" / "evaluate.json").read_text())
+        assert set(ev) == set(METHODS)
+        assert ev["lopd"]["success_rate"] == result["per_seed"]["lopd"][str(k)]["test_success_rate"]
+    assert roots[0] != roots[1]
+    _client(p)
+    runs = mlflow.search_runs(experiment_names=[p.tracking.experiment], output_format="list")
+    boots = [r for r in runs if r.data.tags.get("stage") == "bootstrap"]
+    assert len(boots) == 1 and boots[0].data.tags["sweep_run_id"] == result["parent_run_id"]  # shared: once
+    # each method's distill run (its training curve) is nested under its (method, seed) child
+    for m in METHODS:
+        for k in SEEDS:
+            child = result["children"][m][str(k)]
+            nested = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == child]
+            assert [r.info.run_name for r in nested] == [f"distill-{m}-seed{k}"]
+
+
+@pytest.mark.slow
+def test_every_run_carries_commit_params_hash_and_bank_hash(swept):
+    import re
+
+    import mlflow
+
+    from lopd.tracking import dvc_dir_hash
+
+    p, _ = swept
+    _client(p)
+    runs = mlflow.search_runs(experiment_names=[p.tracking.experiment], output_format="list")
+    bank_hash = dvc_dir_hash(layout.bank_dir(p))
+    assert re.fullmatch(r"[0-9a-f]{32}\.dir", bank_hash)
+    for r in runs:
+        tags = r.data.tags
+        assert re.fullmatch(r"[0-9a-f]{40}", tags["git_commit"]), tags  # the tests run inside the repo
+        assert re.fullmatch(r"[0-9a-f]{12}", tags["params_hash"])
+        # bootstrap runs before the bank exists; every later run reads (or, for collect, wrote) it
+        want = "untracked" if tags["stage"] == "bootstrap" else bank_hash
+        assert tags["bank_dvc_hash"] == want, (r.info.run_name, tags)
+        assert tags["bank_dvc_source"] == ("untracked" if want == "untracked" else "computed")  # no dvc.lock here
+
+
+@pytest.mark.slow
+def test_stale_shared_outputs_stop_the_sweep_before_any_run(swept):
+    import mlflow
+
+    p, _ = swept
+    _client(p)
+    before = len(mlflow.search_runs(experiment_names=[p.tracking.experiment], output_format="list"))
+    stale = p.model_copy(update={"bootstrap": p.bootstrap.model_copy(update={"lr": p.bootstrap.lr * 2})})
+    with pytest.raises(sweep.SweepError, match=r"bootstrap outputs .* other params \(bootstrap.lr\)"):
+        sweep.run(stale, [0], ["grpo"])
+    assert len(mlflow.search_runs(experiment_names=[p.tracking.experiment], output_format="list")) == before
+
+
+@pytest.mark.slow
+def test_prefect_flow_calls_the_sweep(swept, repo):
+    """The flow's body (``.fn``: no Prefect server) reuses the shared outputs; vanilla at a third seed."""
+    from flows.sweep_flow import sweep_flow
+
+    p, first = swept
+    overrides = [f"paths.root={p.root()}", f"tracking.tracking_uri={p.tracking.tracking_uri}", *FAST]
+    assert sweep_flow.name == "lopd-sweep"
+    out = sweep_flow.fn(str(repo / "params.yaml"), "smoke", overrides, seeds=[2], methods=["vanilla"])
+    assert out["shared_stages_run"] == [] and out["parent_run_id"] != first["parent_run_id"]
+    assert len(_children(p, out["parent_run_id"])) == 1
+    assert set(out["per_seed"]["vanilla"]["2"]) == set(sweep.METRICS)
