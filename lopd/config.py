@@ -50,7 +50,7 @@ class ModelParams(_Section):
 class BootstrapParams(_Section):
     n_demos: int = Field(3000, ge=1, description="Noisy-expert episodes used to pre-train the base policy")
     demo_error_rate: float = Field(0.2, ge=0.0, le=1.0, description="Per-decision error rate of the noisy expert (sets how mediocre the base is)")
-    short_context_epochs: int = Field(1, ge=0, description="Curriculum: epochs over each demo's task and first action, without the system prompt, before the full demos (a small model learns to copy from the task on short contexts first); 0 = off")
+    short_context_epochs: int = Field(0, ge=0, description="Curriculum: epochs over short contexts (the task without the system prompt, the previous action and its observation -> one action) before the full demos; 0 = off")
     epochs: int = Field(3, ge=1, description="Pre-training epochs over the demonstrations")
     lr: float = Field(3e-3, gt=0.0, description="Pre-training peak learning rate (AdamW, cosine decay)")
     batch_size: int = Field(32, ge=1, description="Pre-training sequences per step")

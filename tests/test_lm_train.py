@@ -85,3 +85,25 @@ def test_copy_weights_mark_argument_values_and_answers_only():
     first = ep["actions"][0]
     value = first[slice(*copy_spans(first)[0])].strip('"')  # e.g. the owner's name
     assert value in heavy and "tool_call" not in heavy
+
+
+def test_short_context_examples_train_each_action_on_task_and_previous_turn_only():
+    from lopd.bootstrap import short_context_examples
+    from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, make_tasks, run_episode
+
+    tok = tiny_tokenizer()
+    task = make_tasks("train", 1)[0]
+    env = ToolWorldEnv(task)
+    messages = env.initial_observation()
+    ep = run_episode(env, ScriptedExpert())
+    examples = short_context_examples(tok, [(messages, ep["actions"], ep["observations"])])
+    assert len(examples) == len(ep["actions"]) >= 3
+    system = messages[0]["content"]
+    for i, (ids, mask) in enumerate(examples):
+        text = tok.decode(ids)
+        assert system not in text and messages[1]["content"] in text  # the task, no system prompt
+        target = tok.decode([t for t, m in zip(ids, mask) if m], skip_special_tokens=True)
+        assert target == ep["actions"][i]  # the loss is on this action only
+        if i:  # the previous turn is context
+            assert ep["actions"][i - 1] in text and ep["observations"][i - 1] in text
+        assert text.count("<|im_start|>assistant") == (2 if i else 1)  # nothing older than that
