@@ -554,10 +554,7 @@ def plot_curves(results: dict, out_dir: Path) -> list[Path]:
             ax.plot(pts["rollouts_cum"], pts["dev_reward"], marker="o", label=m)
     ax.set(xlabel="generations (cumulative rollouts)", ylabel="dev reward", title="Dev reward vs rollout budget")
     ax.legend()
-    fig.tight_layout()
-    paths.append(out_dir / "dev_reward_vs_rollouts.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(_save(plt, fig, out_dir / "dev_reward_vs_rollouts.png"))
 
     hist = results.get("lopd", {}).get("_history")
     if hist:
@@ -569,11 +566,15 @@ def plot_curves(results: dict, out_dir: Path) -> list[Path]:
         a2.axhline(float(h["delta"].iloc[0] + h["margin_violation"].iloc[0]), ls="--", c="gray", label="margin m")
         a2.set(xlabel="step", ylabel="nats", title="trajectory margin Δ")
         a2.legend()
-        fig.tight_layout()
-        paths.append(out_dir / "lopd_beta_delta.png")
-        fig.savefig(paths[-1], dpi=120)
-        plt.close(fig)
+        paths.append(_save(plt, fig, out_dir / "lopd_beta_delta.png"))
     return paths
+
+
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def _merge_previous(p: Params, results: dict) -> dict:
