@@ -170,6 +170,7 @@ def run(p: Params) -> dict:
     import mlflow
 
     from lopd.modeling import load_policy, n_params
+    from lopd.probe import action_accuracy, expert_episodes
     from lopd.tracking import stage_run
 
     t0 = time.perf_counter()
@@ -203,20 +204,27 @@ def run(p: Params) -> dict:
             )
         model, tokenizer = load_policy(path, p.model.dtype)
         engine = make_engine(p, model, tokenizer)
-        trajs = engine.run(split_tasks(p, "dev", p.bootstrap.eval_dev_tasks), seed=p.seed, id_prefix="dev")
+        dev_tasks = split_tasks(p, "dev", p.bootstrap.eval_dev_tasks)
+        trajs = engine.run(dev_tasks, seed=p.seed, id_prefix="dev")
         dev_success = sum(t.success for t in trajs) / len(trajs)
         dev_reward = sum(t.reward for t in trajs) / len(trajs)
+        # Which step fails: teacher-forced exact match of each expert action (lopd.probe).
+        action_acc = action_accuracy(model, expert_episodes(tokenizer, dev_tasks, p.env.max_turns, p.env.success_threshold))
+        log.info("dev success %.3f; expert-action exact match by index: %s", dev_success,
+                 {k: round(v, 2) for k, v in action_acc.items() if "/" not in k})
         metrics = {
             "params": p.flat(),
             "expert_success_rate": min(expert.values()),
             "expert_success_by_split": expert,
             "dev_success_rate": dev_success,
             "dev_mean_reward": dev_reward,
+            "dev_action_accuracy": action_acc,
             "n_params": n_params(model),
             "model_path": str(path),
             **info,
             "wall_s": time.perf_counter() - t0,
         }
         mlflow.log_metrics({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        mlflow.log_metrics({f"dev_action_acc/{k}": v for k, v in action_acc.items()})
         write_json(layout.metrics_path(p, "bootstrap"), metrics)
     return metrics

@@ -35,6 +35,8 @@ def test_bootstrap_outputs_a_loadable_hf_checkpoint_and_metrics(smoke):
     m = json.loads(layout.metrics_path(smoke, "bootstrap").read_text())
     assert {"params", "expert_success_rate", "dev_success_rate"} <= set(m)
     assert m["expert_success_rate"] >= 0.99
+    acc = m["dev_action_accuracy"]  # every dev expert episode has a first action; all values are shares
+    assert {"all", "a0"} <= set(acc) and all(0.0 <= v <= 1.0 for v in acc.values())
     assert m["params"]["distill.margin"] == smoke.distill.margin and m["n_params"] == sum(p.numel() for p in model.parameters())
 
 
