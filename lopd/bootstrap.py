@@ -72,8 +72,10 @@ def episode_weights(tokenizer, ids: list[int], mask: list[int], actions: list[st
     Why: a small model learns the format of an episode long before it learns to look names and
     ids up in its context, and those few tokens are what success hinges on.
     """
+    from lopd.probe import action_spans
+
     weights = [0.0] * len(ids)
-    starts = [i for i in range(len(mask)) if mask[i] and (i == 0 or not mask[i - 1])]
+    starts = [a for a, _ in action_spans(mask)]
     if len(starts) != len(actions):
         raise ValueError(f"{len(actions)} actions but {len(starts)} action segments in the episode's mask")
     for start, action in zip(starts, actions):

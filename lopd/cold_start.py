@@ -31,7 +31,6 @@ from lopd.episodes import Episode, Timer, bank_episodes, student_batch, teacher_
 from lopd.io import atomic_path, write_json
 from lopd.losses import masked_mean, privilege, trajectory_margin
 from lopd.policy import make_engine, split_tasks, train_tasks_by_id
-from lopd.rollout import tokenize_episode
 from lopd.scoring import token_logprobs
 from lopd.teacher import teacher_logprobs
 
@@ -107,17 +106,13 @@ MIN_POLICY_WINS = 8  # fewer of the base's own dev successes than this and the N
 
 def expert_dev_episodes(p: Params, tokenizer, tasks: Sequence) -> list[Episode]:
     """Scripted-expert successes on held-out dev tasks, tokenised as a rollout would be."""
-    from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, run_episode
+    from lopd.probe import expert_episodes
 
-    out = []
-    for task in tasks:
-        env = ToolWorldEnv(task, max_turns=p.env.max_turns, success_threshold=p.env.success_threshold)
-        messages = env.initial_observation()
-        ep = run_episode(env, ScriptedExpert())
-        if ep["success"]:
-            ids, mask = tokenize_episode(tokenizer, messages, ep["actions"], ep["observations"])
-            out.append(Episode(task, messages, ids, mask, len(encode(tokenizer, render_prompt(tokenizer, messages))), ep["reward"]))
-    return out
+    return [
+        Episode(e.task, e.messages, e.token_ids, e.action_mask, len(encode(tokenizer, render_prompt(tokenizer, e.messages))), e.reward)
+        for e in expert_episodes(tokenizer, tasks, p.env.max_turns, p.env.success_threshold)
+        if e.success
+    ]
 
 
 @torch.no_grad()

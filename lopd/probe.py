@@ -11,6 +11,7 @@ of the task and tool results (first and second calls), which is what the embedde
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -31,20 +32,32 @@ def action_spans(mask: Sequence[int]) -> list[tuple[int, int]]:
     return spans
 
 
-def expert_episodes(tokenizer, tasks, max_turns: int, success_threshold: float) -> list[tuple[str, list[int], list[int]]]:
-    """``(family, ids, action_mask)`` of the scripted expert's episode on each task."""
+@dataclass
+class ExpertEpisode:
+    """The scripted expert's episode on a task, tokenised exactly as a rollout would be."""
+
+    task: object  # a ToolWorld Task
+    messages: list[dict]
+    token_ids: list[int]
+    action_mask: list[int]
+    reward: float
+    success: bool
+
+
+def expert_episodes(tokenizer, tasks, max_turns: int, success_threshold: float) -> list[ExpertEpisode]:
+    """The scripted expert's episode on each task, in order."""
     out = []
     for task in tasks:
         env = ToolWorldEnv(task, max_turns, success_threshold)
         messages = env.initial_observation()
         ep = run_episode(env, ScriptedExpert())
         ids, mask = tokenize_episode(tokenizer, messages, ep["actions"], ep["observations"])
-        out.append((task.family, ids, mask))
+        out.append(ExpertEpisode(task, messages, ids, mask, ep["reward"], ep["success"]))
     return out
 
 
 @torch.no_grad()
-def action_accuracy(model, episodes: Sequence[tuple[str, list[int], list[int]]]) -> dict[str, float]:
+def action_accuracy(model, episodes: Sequence[ExpertEpisode]) -> dict[str, float]:
     """Share of actions whose every token is the greedy prediction given the expert's prefix.
 
     Keys: ``a<k>`` (action index k over all families), ``<family>/a<k>``, and ``all``.
@@ -53,10 +66,11 @@ def action_accuracy(model, episodes: Sequence[tuple[str, list[int], list[int]]])
     hits: dict[str, list[bool]] = defaultdict(list)
     was_training = model.training
     model.eval()
-    for family, ids, mask in episodes:
+    for e in episodes:
+        ids, family = e.token_ids, e.task.family
         ids_1T = torch.tensor([ids], device=device)
         pred_T = model(input_ids=ids_1T).logits[0, :-1].argmax(-1).tolist()  # pred_T[t] guesses ids[t + 1]
-        for k, (a, b) in enumerate(action_spans(mask)):
+        for k, (a, b) in enumerate(action_spans(e.action_mask)):
             ok = all(pred_T[t - 1] == ids[t] for t in range(a, b))
             for key in (f"a{k}", f"{family}/a{k}", "all"):
                 hits[key].append(ok)

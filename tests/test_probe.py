@@ -40,17 +40,17 @@ def test_oracle_scores_every_action_right_and_keys_follow_families():
     tok, eps = _episodes()
     acc = action_accuracy(Oracle(len(tok), {}), eps)
     assert acc["all"] == 1.0
-    n_max = max(len(action_spans(m)) for _, _, m in eps)
+    n_max = max(len(action_spans(e.action_mask)) for e in eps)
     assert {f"a{k}" for k in range(n_max)} <= acc.keys()
-    assert {f"{fam}/a0" for fam, _, _ in eps} <= acc.keys()
+    assert {f"{e.task.family}/a0" for e in eps} <= acc.keys()
 
 
 def test_one_wrong_token_fails_its_whole_action_only():
     tok, eps = _episodes()
     # In every episode, the prediction of the last token of the second action is wrong.
-    wrong = {tuple(ids): {action_spans(mask)[1][1] - 2} for _, ids, mask in eps}
+    wrong = {tuple(e.token_ids): {action_spans(e.action_mask)[1][1] - 2} for e in eps}
     acc = action_accuracy(Oracle(len(tok), wrong), eps)
-    n_actions = sum(len(action_spans(m)) for _, _, m in eps)
+    n_actions = sum(len(action_spans(e.action_mask)) for e in eps)
     assert acc["a0"] == 1.0 and acc["a1"] == 0.0
     assert acc["all"] == (n_actions - len(eps)) / n_actions
 
