@@ -56,6 +56,7 @@ class BootstrapParams(_Section):
     batch_size: int = Field(32, ge=1, description="Pre-training sequences per step")
     warmup_frac: float = Field(0.05, ge=0.0, lt=1.0, description="Fraction of steps with linear warm-up")
     weight_decay: float = Field(0.01, ge=0.0, description="AdamW weight decay")
+    experience_frac: float = Field(0.3, ge=0.0, le=1.0, description="Share of demos pre-trained with 1..retrieval.n_ret same-family successful demos (observation-lite text) in the teacher's framing sentence, so the base can read past experiences in context; 0 = off")
     copy_weight: float = Field(1.0, gt=0.0, description="Loss weight of the action tokens copied from context (argument values, answers); 1 = plain NLL")
     eval_dev_tasks: int = Field(200, ge=1, description="Dev tasks rolled out to measure base success")
     expert_check_tasks: int = Field(300, ge=1, description="Tasks per split on which the scripted expert is checked")

@@ -107,3 +107,32 @@ def test_short_context_examples_train_each_action_on_task_and_previous_turn_only
         if i:  # the previous turn is context
             assert ep["actions"][i - 1] in text and ep["observations"][i - 1] in text
         assert text.count("<|im_start|>assistant") == (2 if i else 1)  # nothing older than that
+
+
+def test_with_experiences_adds_same_family_peer_successes_in_the_teacher_framing():
+    from lopd.bootstrap import with_experiences
+    from lopd.teacher import LATENT_FRAMING
+
+    head = LATENT_FRAMING.split("{placeholder}")[0]
+    sys = {"role": "system", "content": "tools"}
+    demos = [([sys, {"role": "user", "content": f"task {i}"}], [f"a{i}"], [f"o{i}"]) for i in range(6)]
+    # demo 2 failed (no lite text); demo 5 is the only one of its family.
+    lites = [("bank", "L0"), ("bank", "L1"), ("bank", None), ("shop", "L3"), ("shop", "L4"), ("cal", "L5")]
+    assert with_experiences(demos, lites, 0.0, 3, seed=0) is demos
+    out = with_experiences(demos, lites, 1.0, 3, seed=0)
+    assert out == with_experiences(demos, lites, 1.0, 3, seed=0)  # seeded
+    for i, ((messages, actions, obs), (family, _)) in enumerate(zip(out, lites)):
+        assert (actions, obs, messages[1:]) == (demos[i][1], demos[i][2], demos[i][0][1:])  # only the system message changes
+        content = messages[0]["content"]
+        if i == 5:  # no same-family peer: unchanged
+            assert content == "tools"
+            continue
+        assert content.startswith("tools\n\n" + head)
+        used = content.split(head)[1].split("\n\n")
+        peers = {f"L{j}" for j, (f, lite) in enumerate(lites) if f == family and lite and j != i}
+        assert 1 <= len(used) <= 3 and set(used) <= peers  # same family, successes only, never itself
+    assert demos[0][0][0]["content"] == "tools"  # the input is not modified
+    # frac 0.5 leaves some demos bare
+    half = with_experiences(demos * 20, lites * 20, 0.5, 3, seed=1)
+    n_with = sum(head in m[0]["content"] for m, _, _ in half)
+    assert 0 < n_with < 100
