@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 
 from lopd import layout
-from lopd.collect import ROLLOUTS_FILE, lite_text
+from lopd.collect import ROLLOUTS_FILE
+from lopd.lite import lite_text
 from lopd.config import load_params
 from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, run_episode
 from lopd.policy import split_tasks

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from lopd.collect import BANK_COLUMNS, lite_text
+from lopd.collect import BANK_COLUMNS
+from lopd.lite import lite_text
 from lopd.validation import DataValidationError
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ import re
 import time
 
 from lopd import layout
-from lopd.collect import lite_text
+from lopd.lite import lite_text
 from lopd.config import Params
 from lopd.envs.toolworld import NoisyExpert, ScriptedExpert, ToolWorldEnv, run_episode
 from lopd.io import atomic_path, write_json
@@ -51,7 +51,7 @@ def demonstrations(p: Params) -> tuple[list[tuple[list[dict], list[str], list[st
         ep = run_episode(env, expert)
         demos.append((messages, ep["actions"], ep["observations"]))
         lites.append((task.family, lite_text(task.text, ep["actions"], ep["shorts"]) if ep["success"] else None))
-    demos = with_experiences(demos, lites, p.bootstrap.experience_frac, p.retrieval.n_ret, seed=p.seed)
+    demos = with_experiences(demos, lites, p.bootstrap.experience_frac, p.bootstrap.experience_max, seed=p.seed)
     return demos, sum(lite is not None for _, lite in lites) / len(demos)
 
 
@@ -59,11 +59,11 @@ def with_experiences(demos, lites, frac: float, n_max: int, seed: int, framing: 
     """``demos`` where a share ``frac`` carry 1..``n_max`` other successful demos of the same
     family, observation-lite, in the teacher's framing sentence at the end of the system message.
 
-    Why: the teacher is this base with experiences where that sentence's placeholder stands
-    (``lopd.teacher``). A real LLM reads such context from its pre-training; a tiny model that
-    only ever saw one fixed system prompt is thrown by the framing alone (+0.029 nats per
-    action token on dev, measured) and has no use for what follows it. ``lites[i]`` is
-    ``(family, lite text or None when demo i failed)``; a demo never sees itself.
+    Why: the teacher is this base with latents where that sentence's placeholder stands
+    (``lopd.teacher``). A real LLM takes such context in its stride; a tiny model that only
+    ever saw one fixed system prompt is thrown by the framing alone (+0.029 nats per action
+    token on dev, measured; +0.005 after this). ``lites[i]`` is ``(family, lite text or None
+    when demo i failed)``; a demo never sees itself.
     """
     if frac <= 0:
         return demos

@@ -17,28 +17,14 @@ import pandas as pd
 
 from lopd import layout
 from lopd.config import Params
-from lopd.envs.toolworld import parse_action
 from lopd.io import atomic_path, write_json
+from lopd.lite import lite_text
 from lopd.policy import make_engine, split_tasks
 from lopd.rollout import Trajectory
 
 log = logging.getLogger(__name__)
 
 ROLLOUTS_FILE = "rollouts.parquet"
-
-
-def lite_step(action: str, short: str) -> str:
-    """One observation-lite line: ``name {"arg": ...} -> short result`` or ``answer: text``."""
-    call, err = parse_action(action)
-    if call is not None:
-        return f"{call['name']} {json.dumps(call['arguments'], separators=(',', ':'))} -> {short}"
-    if err is not None:
-        return f"invalid call -> {short}"
-    return f"answer: {action.strip()}"
-
-
-def lite_text(task_text: str, actions: list[str], shorts: list[str]) -> str:
-    return "\n".join([f"Task: {task_text}", *(lite_step(a, s) for a, s in zip(actions, shorts))])
 
 
 def full_text(tokenizer, traj: Trajectory) -> str:
