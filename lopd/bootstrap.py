@@ -16,10 +16,10 @@ import re
 import time
 
 from lopd import layout
-from lopd.lite import lite_text
 from lopd.config import Params
 from lopd.envs.toolworld import NoisyExpert, ScriptedExpert, ToolWorldEnv, run_episode
 from lopd.io import atomic_path, write_json
+from lopd.lite import lite_text
 from lopd.policy import make_engine, split_tasks
 from lopd.teacher import LATENT_FRAMING, add_latent_placeholder
 
