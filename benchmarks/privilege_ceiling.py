@@ -25,7 +25,7 @@ import torch
 
 from lopd import layout
 from lopd.bank import read_bank
-from lopd.bootstrap import copy_spans
+from lopd.bootstrap import episode_weights
 from lopd.chat import encode, render_prompt
 from lopd.cold_start import expert_dev_episodes, n_latents
 from lopd.composer import Composer
@@ -40,15 +40,15 @@ from lopd.teacher import TeacherPrompt, add_latent_placeholder, align_to_student
 
 
 def copied_BT(tokenizer, episodes, mask_BT: torch.Tensor) -> torch.Tensor:
-    """True at the action tokens inside each action's ``copy_spans`` (student layout)."""
+    """True at the action tokens inside each action's ``copy_spans`` (student layout).
+
+    ``bootstrap.episode_weights`` marks them (weight 2 here, 1 elsewhere on the actions).
+    """
     out = torch.zeros_like(mask_BT)
     for i, e in enumerate(episodes):
-        for start, end in action_spans(e.action_mask):
-            action = tokenizer.decode(e.token_ids[start : end - 1])  # without its eos
-            spans = copy_spans(action)
-            offsets = tokenizer(action, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-            for j, (a, b) in enumerate(offsets[: end - 1 - start]):
-                out[i, start + j] = any(a < e_ and b > s for s, e_ in spans)
+        actions = [tokenizer.decode(e.token_ids[a : b - 1]) for a, b in action_spans(e.action_mask)]  # each without its eos
+        weights = episode_weights(tokenizer, e.token_ids, e.action_mask, actions, copy_weight=2.0)
+        out[i, : len(weights)] = torch.tensor(weights) == 2.0
     return out & mask_BT
 
 
