@@ -1,15 +1,21 @@
-"""ToolWorld: task splits, the environment protocol, checklist rewards and the experts."""
+"""ToolWorld: apps with hidden conventions, task splits, the environment protocol, checklist rewards and the experts."""
 
 from __future__ import annotations
 
 import json
+import random
+import re
 
 import pytest
 
-from lopd.envs.toolworld import (FAMILIES, NoisyExpert, ScriptedExpert, StepResult, ToolWorldEnv,
-                                 format_tool_call, make_tasks, parse_action, run_episode)
+from lopd.envs.toolworld import (FAMILIES, NoisyExpert, ScriptedExpert, StepResult, ToolWorldEnv, app_group,
+                                 entity_words, format_tool_call, make_tasks, parse_action, pretrain_apps,
+                                 random_conventions, run_episode, system_prompt)
+from lopd.envs.toolworld.apps import SYNTHETIC_APPS, conventions
+from lopd.envs.toolworld.experts import observed, render
 from lopd.envs.toolworld.families import REGISTRY
-from lopd.envs.toolworld.tasks import content_signature
+from lopd.envs.toolworld.families.base import ID_RE, ROLES
+from lopd.envs.toolworld.tasks import Task, content_signature
 
 SPLITS = ("train", "dev", "test")
 
@@ -18,51 +24,139 @@ def success_rate(tasks, agent) -> float:
     return sum(run_episode(ToolWorldEnv(t), agent)["success"] for t in tasks) / len(tasks)
 
 
-def transfer_task():
-    return next(t for t in make_tasks("dev", 40, families=["banking"]) if t.goal["kind"] == "transfer")
+def task_with(family: str, **want) -> Task:
+    """The first dev task of ``family`` whose app has the conventions in ``want``."""
+    return next(t for t in make_tasks("dev", 200, families=[family]) if all(t.conventions[k] == v for k, v in want.items()))
+
+
+def play(task: Task, believed: dict) -> tuple[dict, list]:
+    """The scripted plan under ``believed`` conventions (not the app's), the errors it met, and the final info."""
+    env, history = ToolWorldEnv(task), []
+    family = REGISTRY[task.family]
+    while True:
+        action = render(family.next_step(task.goal, believed, observed(history)))
+        result = env.step(action)
+        history.append((action, result.observation))
+        if result.done:
+            return result.info, history
 
 
 @pytest.mark.parametrize("split", SPLITS)
 def test_expert_solves_every_split(split):
-    assert success_rate(make_tasks(split, 200), ScriptedExpert()) >= 0.99
+    assert success_rate(make_tasks(split, 400), ScriptedExpert()) >= 0.99
 
 
-def test_splits_are_disjoint_by_id_and_content():
+def test_splits_are_disjoint_by_id_and_content_and_cover_every_app():
     tasks = {s: make_tasks(s, 400) for s in SPLITS}
     for a, b in [("train", "dev"), ("train", "test"), ("dev", "test")]:
         assert not {t.task_id for t in tasks[a]} & {t.task_id for t in tasks[b]}
         assert not ({content_signature(t.family, t.goal) for t in tasks[a]}
                     & {content_signature(t.family, t.goal) for t in tasks[b]})
     assert all(t.split == s for s, ts in tasks.items() for t in ts)
+    every_app = {(f, a) for f in FAMILIES for a in REGISTRY[f].apps}
+    assert all({(t.family, t.app) for t in ts} == every_app for ts in tasks.values())
 
 
-def test_make_tasks_is_deterministic_prefix_stable_and_round_robin():
+def test_make_tasks_is_deterministic_prefix_stable_round_robin_and_filters_apps():
     assert make_tasks("train", 50, seed=3) == make_tasks("train", 50, seed=3)
     assert make_tasks("train", 120, seed=3)[:50] == make_tasks("train", 50, seed=3)
     assert make_tasks("train", 50, seed=3) != make_tasks("train", 50, seed=4)
     assert [t.family for t in make_tasks("dev", 8)] == FAMILIES * 2
     assert {t.family for t in make_tasks("dev", 6, families=["shop"])} == {"shop"}
     assert make_tasks("dev", 1)[0].task_id == "bank-dev-00000"
+    only = {f: pretrain_apps(f, 2) for f in FAMILIES}
+    filtered = make_tasks("train", 80, apps=only, tag="demo")
+    assert {t.app for t in filtered} == {a for apps in only.values() for a in apps}
+    assert all("-demo-" in t.task_id for t in filtered)
     json.dumps([t.goal for t in make_tasks("test", 40)])
     with pytest.raises(ValueError):
         make_tasks("valid", 3)
 
 
-def test_each_family_has_three_to_six_tools_and_a_short_prompt():
-    assert len(FAMILIES) >= 4
-    for task in make_tasks("dev", len(FAMILIES)):
-        assert 3 <= len(REGISTRY[task.family].tools) <= 6
-        env = ToolWorldEnv(task)
-        messages = env.initial_observation()
+def test_conventions_are_a_function_of_family_app_and_world_seed_and_no_two_apps_share_them():
+    for family, fam in REGISTRY.items():
+        combos = [tuple(conventions(family, app).values()) for app in fam.apps]
+        assert len(fam.apps) == 8 and len(set(combos)) == 8  # every combination of three binary conventions once
+        assert combos == [tuple(conventions(family, app, 0).values()) for app in fam.apps]
+        for app in fam.apps:
+            assert all(v in fam.options[k] for k, v in conventions(family, app).items())
+    assert any(conventions(f, REGISTRY[f].apps[0], 0) != conventions(f, REGISTRY[f].apps[0], 1) for f in FAMILIES)
+    assert {t.conventions == conventions(t.family, t.app) for t in make_tasks("dev", 40)} == {True}
+    with pytest.raises(ValueError, match="unknown banking app"):
+        conventions("banking", "Nowhere")
+    rng = random.Random(0)
+    assert {tuple(random_conventions("shop", rng).values()) for _ in range(200)} == set(
+        __import__("itertools").product(*REGISTRY["shop"].options.values()))
+    assert app_group("banking", REGISTRY["banking"].apps[0], 4) == "pretrain"
+    assert app_group("banking", REGISTRY["banking"].apps[5], 4) == "new"
+
+
+def test_the_prompt_lists_tool_signatures_only_and_the_task_names_the_app():
+    for family, fam in REGISTRY.items():
+        assert [t.role for t in fam.tools] == list(ROLES)
+        prompt = system_prompt(family)
+        assert all(t.signature() in prompt for t in fam.tools)
+        # Nothing about an app's conventions: no format option, no app name, short.
+        words = set(re.findall(r"\w+", prompt))
+        assert not words & {*fam.formats, *fam.apps, "required", "cents", "dollars", "first"}
+        assert len(prompt.split()) <= 20
+    for task in make_tasks("dev", 24):
+        messages = ToolWorldEnv(task).initial_observation()
         assert [m["role"] for m in messages] == ["system", "user"]
-        assert messages[1]["content"] == task.text and len(task.text.split()) <= 30
-        assert all(t.name in messages[0]["content"] for t in REGISTRY[task.family].tools)
+        assert messages[0]["content"] == system_prompt(task.family)  # the same for every app of a family
+        assert messages[1]["content"] == task.text and task.text.startswith(f"At {task.app}, ")
+
+
+def test_a_wrong_format_or_a_missing_commit_fails_silently():
+    fam = REGISTRY["banking"]
+    for key in ("format", "commit"):
+        task = task_with("banking", commit="required")
+        believed = dict(task.conventions)
+        a, b = fam.options[key]
+        believed[key] = b if believed[key] == a else a
+        info, history = play(task, believed)
+        assert not info["success"] and info["error"] is None
+        assert not any(o and "error" in json.loads(o) for _, o in history)  # no error message told the agent
+        failed = [k for k, ok in info["checks"].items() if not ok]
+        assert failed == (["value"] if key == "format" else ["committed"])
+
+
+def test_a_missing_prerequisite_is_an_error_that_a_retry_fixes():
+    task = task_with("calendar", prereq="required")
+    info, history = play(task, {**task.conventions, "prereq": "none"})
+    assert not info["success"]
+    assert any(o and json.loads(o).get("error") == REGISTRY["calendar"].prereq_error for _, o in history)
+    env = ToolWorldEnv(task)  # the expert, after a mistaken call, recovers and succeeds
+    expert = ScriptedExpert()
+    first = env.step(expert.act(task, []))
+    hist = [(format_tool_call("find_contact", {"name": task.goal["name"]}), first.observation)]
+    contact = json.loads(first.observation)["id"]
+    bad = format_tool_call("create_event", REGISTRY["calendar"].main_args(task.goal, task.conventions["format"], contact, {}))
+    err = env.step(bad)
+    assert json.loads(err.observation) == {"error": REGISTRY["calendar"].prereq_error} and not err.done
+    hist.append((bad, err.observation))
+    while not (r := env.step(action := expert.act(task, hist))).done:
+        hist.append((action, r.observation))
+    assert r.info["success"]
+
+
+def test_a_needless_check_is_harmless_but_a_needless_commit_submits_twice_silently():
+    task = task_with("shop", prereq="none", commit="auto")
+    info, _ = play(task, {**task.conventions, "prereq": "required"})
+    assert info["success"]
+    info, history = play(task, {**task.conventions, "commit": "required"})
+    assert not info["success"] and [k for k, ok in info["checks"].items() if not ok] == ["single"]
+    assert not any(o and "error" in json.loads(o) for _, o in history)
+    task = task_with("shop", commit="required")  # committing twice where commits exist is an error, not a duplicate
+    env = ToolWorldEnv(task)
+    env.backend.records["ord_10"] = {"args": {}, "committed": True}
+    assert "already done" in json.loads(env.step(format_tool_call("confirm_order", {"order_id": "ord_10"})).observation)["error"]
 
 
 def test_parse_and_format_round_trip():
-    text = format_tool_call("get_balance", {"account_id": "acc_1234"})
-    assert text == '<tool_call>{"name": "get_balance", "arguments": {"account_id": "acc_1234"}}</tool_call>'
-    assert parse_action(text) == ({"name": "get_balance", "arguments": {"account_id": "acc_1234"}}, None)
+    text = format_tool_call("pay", {"payee_id": "py_12", "amount": 3400})
+    assert text == '<tool_call>{"name": "pay", "arguments": {"payee_id": "py_12", "amount": 3400}}</tool_call>'
+    assert parse_action(text) == ({"name": "pay", "arguments": {"payee_id": "py_12", "amount": 3400}}, None)
     assert parse_action("All done.") == (None, None)
     for bad in ['<tool_call>{"name": "x", </tool_call>', "<tool_call>{}", text + text]:
         call, error = parse_action(bad)
@@ -70,24 +164,24 @@ def test_parse_and_format_round_trip():
 
 
 @pytest.mark.parametrize("action, message", [
-    ('<tool_call>{"name": "find_account", "arguments": {"owner": </tool_call>', "malformed"),
+    ('<tool_call>{"name": "find_payee", "arguments": {"name": </tool_call>', "malformed"),
     (format_tool_call("delete_everything", {}), "unknown tool"),
-    (format_tool_call("get_balance", {"account_id": "acc_1"}), "unknown account id acc_1"),
-    (format_tool_call("get_balance", {}), "missing argument"),
-    (format_tool_call("transfer", {"from_id": "a", "to_id": "b", "amount_cents": 12.5}), "must be int"),
+    (format_tool_call("verify_payee", {"payee_id": "py_99"}), "unknown payee id py_99"),
+    (format_tool_call("verify_payee", {}), "missing argument"),
+    (format_tool_call("pay", {"payee_id": "a", "amount": 12.5}), "must be int"),
 ])
 def test_bad_actions_give_error_observations_and_the_episode_goes_on(action, message):
-    env = ToolWorldEnv(transfer_task())
+    env = ToolWorldEnv(task_with("banking"))
     result = env.step(action)
     assert isinstance(result, StepResult) and not result.done and result.reward == 0.0
     assert message in json.loads(result.observation)["error"]
     assert result.info["error"] and result.info["short"].startswith("error:")
-    ok = env.step(format_tool_call("find_account", {"owner": env.task.goal["src"]}))
-    assert not ok.done and ok.info["error"] is None and "accounts" in json.loads(ok.observation)
+    ok = env.step(format_tool_call("find_payee", {"name": env.task.goal["name"]}))
+    assert not ok.done and ok.info["error"] is None and ID_RE.match(json.loads(ok.observation)["id"])
 
 
 def test_turn_limit_ends_the_episode():
-    env = ToolWorldEnv(transfer_task(), max_turns=3)
+    env = ToolWorldEnv(task_with("banking"), max_turns=3)
     results = [env.step(format_tool_call("nope", {})) for _ in range(3)]
     assert [r.done for r in results] == [False, False, True]
     assert results[-1].info["success"] is False and "checks" in results[-1].info
@@ -95,34 +189,36 @@ def test_turn_limit_ends_the_episode():
         env.step("Done.")
 
 
-def test_reward_is_the_checklist_fraction():
-    task = transfer_task()
-    env, expert, history = ToolWorldEnv(task), ScriptedExpert(), []
-    while '"transfer"' not in (action := expert.act(task, history)):  # look the accounts up
-        history.append((action, env.step(action).observation))
-    call, _ = parse_action(action)
-    dollars = {**call["arguments"], "amount_cents": task.goal["amount_cents"] // 100}
-    transfer = env.step(format_tool_call("transfer", dollars))  # dollars instead of cents
-    env.step(format_tool_call("confirm_transfer", {"transfer_id": json.loads(transfer.observation)["transfer_id"]}))
+def test_reward_is_the_checklist_fraction_and_success_needs_all_four_items():
+    task = task_with("banking", format="cents", prereq="none", commit="auto")
+    env = ToolWorldEnv(task)
+    payee = json.loads(env.step(format_tool_call("find_payee", {"name": task.goal["name"]})).observation)["id"]
+    env.step(format_tool_call("pay", {"payee_id": payee, "amount": task.goal["dollars"]}))  # dollars, not cents
     final = env.step("Done.")
     assert final.done and final.observation is None
-    assert final.info["checks"] == {"accounts": True, "amount_cents": False, "confirmed": True, "single_transfer": True}
+    assert final.info["checks"] == {"entity": True, "value": False, "committed": True, "single": True}
     assert final.reward == 0.75 and final.info["success"] is False
 
 
 def test_noisy_expert_degrades_smoothly_and_is_deterministic():
-    tasks = make_tasks("dev", 200)
+    tasks = make_tasks("dev", 300)
     rates = [success_rate(tasks, NoisyExpert(p, seed=0)) for p in (0.0, 0.1, 0.3, 0.6)]
     assert rates[0] >= 0.99 and rates[0] > rates[1] > rates[2] > rates[3]
-    assert 0.6 <= rates[1] <= 0.92 and 0.3 <= rates[2] <= 0.65
-    play = lambda seed: [run_episode(ToolWorldEnv(t), NoisyExpert(0.3, seed))["actions"] for t in tasks[:40]]
-    assert play(7) == play(7) and play(7) != play(8)
+    assert 0.75 <= rates[1] <= 0.95 and 0.4 <= rates[2] <= 0.7
+    episodes = lambda seed: [run_episode(ToolWorldEnv(t), NoisyExpert(0.3, seed))["actions"] for t in tasks[:40]]  # noqa: E731
+    assert episodes(7) == episodes(7) and episodes(7) != episodes(8)
 
 
-def test_episode_logs_are_compact():
+def test_episode_logs_are_compact_and_every_entity_is_a_listed_word():
+    words = set(entity_words())
+    assert set(SYNTHETIC_APPS) <= words and len(words) == len(entity_words())
     for task in make_tasks("train", 200):
         episode = run_episode(ToolWorldEnv(task), NoisyExpert(0.4, seed=1))
         assert len(episode["shorts"]) == episode["n_turns"] == len(episode["actions"])
         assert all(len(s) <= 60 for s in episode["shorts"])
-        assert all(o is None or len(o) <= 150 for o in episode["observations"])
+        assert all(o is None or len(o) <= 80 for o in episode["observations"])
         assert 0.0 <= episode["reward"] <= 1.0
+        ids = {w for text in episode["actions"] + [o or "" for o in episode["observations"]]
+               for w in re.findall(r"\b[a-z]+_\d+\b", text)}
+        assert ids <= words, ids - words
+        assert task.app in words and all(v in words for k, v in task.goal.items() if k in ("name", "room", "product", "title"))

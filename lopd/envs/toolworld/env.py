@@ -1,4 +1,4 @@
-"""The ToolWorld environment: one multi-turn tool-calling episode over a family's backend."""
+"""The ToolWorld environment: one multi-turn tool-calling episode in one app of a family."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass
 
 from .families import REGISTRY
-from .families.base import ID_RE, ToolError
+from .families.base import ToolError
 from .protocol import dump, error_observation, format_tool_call, parse_action
 from .tasks import Task
 
@@ -30,40 +30,34 @@ def _clip(text: str) -> str:
     return text if len(text) <= SHORT_MAX else text[: SHORT_MAX - 3] + "..."
 
 
-def _ids_in(obj: object) -> list[str]:
-    """Id-like strings in a tool result, in order."""
-    if isinstance(obj, str):
-        return [obj] if ID_RE.match(obj) else []
-    if isinstance(obj, dict):
-        return [i for v in obj.values() for i in _ids_in(v)]
-    if isinstance(obj, list):
-        return [i for v in obj for i in _ids_in(v)]
-    return []
+def _short_ok(result: dict) -> str:
+    """A tool result in a few words for the observation-lite bank: ``ok py_37`` or ``ok pm_12 status=pending``."""
+    parts = ["ok", str(result.get("id", ""))] + [f"{k}={json.dumps(v)[1:-1] if isinstance(v, str) else json.dumps(v)}"
+                                                for k, v in result.items() if k != "id"]
+    return _clip(" ".join(p for p in parts if p))
 
 
-def _short_ok(name: str, result: dict) -> str:
-    """``ok find_account acc_482,acc_123`` or ``ok get_balance acc_482 balance_cents=1250``."""
-    scalars = [f"{k}={v}" for k, v in result.items() if isinstance(v, (str, int, float)) and v not in _ids_in(v)]
-    return _clip(" ".join(["ok", name, ",".join(_ids_in(result))] + scalars).replace("  ", " "))
+def system_prompt(family: str) -> str:
+    """The tool signatures of a family, and nothing else: an app's conventions are never written down."""
+    return "Tools: " + "; ".join(t.signature() for t in REGISTRY[family].tools)
 
 
 class ToolWorldEnv:
     """A task's app backend behind the tool-call protocol; reward = checklist fraction at the end."""
 
     def __init__(self, task: Task, max_turns: int = 8, success_threshold: float = 0.8) -> None:
+        if not task.conventions:
+            raise ValueError(f"task {task.task_id} has no app conventions (build tasks with make_tasks)")
         self.task = task
         self.family = REGISTRY[task.family]
-        self.backend = self.family.make_backend(task.goal, random.Random(task.seed))
+        self.backend = self.family.make_backend(task.goal, task.conventions, random.Random(task.seed))
         self.max_turns = max_turns
         self.success_threshold = success_threshold
         self.turns = 0
         self.done = False
 
     def system_prompt(self) -> str:
-        tools = "\n".join(t.signature() for t in self.family.tools)
-        return (f"You are a {self.family.name} assistant. Tools:\n{tools}\nRules: {self.family.rules}\n"
-                'Call one tool per turn: <tool_call>{"name": ..., "arguments": {...}}</tool_call>. '
-                "Reply in plain text when finished.")
+        return system_prompt(self.task.family)
 
     def initial_observation(self) -> list[dict]:
         return [{"role": "system", "content": self.system_prompt()}, {"role": "user", "content": self.task.text}]
@@ -78,7 +72,7 @@ class ToolWorldEnv:
             except ToolError as exc:
                 error = str(exc)
             else:
-                return dump(result), None, _short_ok(call["name"], result)
+                return dump(result), None, _short_ok(result)
         return error_observation(error), error, _clip(f"error: {error}")
 
     def step(self, action: str) -> StepResult:

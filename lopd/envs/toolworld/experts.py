@@ -44,15 +44,15 @@ class ScriptedExpert:
     """Solves every task by following the family's plan from what it has observed."""
 
     def act(self, task: Task, history: History) -> str:
-        return render(REGISTRY[task.family].next_step(task.goal, observed(history)))
+        return render(REGISTRY[task.family].next_step(task.goal, task.conventions, observed(history)))
 
 
 class NoisyExpert:
     """The expert, except that each decision is a realistic mistake with probability ``error_rate``.
 
     Mistakes are slips (malformed JSON, a typo'd id; the tools reject them and the expert
-    recovers) or misconceptions: a premature final answer (e.g. skipping a confirmation) and
-    the family's own (wrong unit/format, wrong entity, wrong call order). Deterministic in
+    recovers), a premature final answer, or misconceptions: acting as if one of the app's
+    conventions were the other option (wrong format, a skipped or needless check or commit). Deterministic in
     ``(seed, task_id, turn)``, so it does not depend on the order episodes are played in.
     """
 
@@ -63,15 +63,14 @@ class NoisyExpert:
     def act(self, task: Task, history: History) -> str:
         family = REGISTRY[task.family]
         done = observed(history)
-        step = family.next_step(task.goal, done)
+        step = family.next_step(task.goal, task.conventions, done)
         rng = random.Random(f"{self.seed}/{task.task_id}/{len(history)}")
         if rng.random() >= self.error_rate:
             return render(step)
+        options = family.mistakes(task.goal, task.conventions, done, step, rng)
         if isinstance(step, str):
-            options = family.mistakes(task.goal, done, step, rng)
             return rng.choice(options) if options else step
         kind = rng.random()
-        options = family.mistakes(task.goal, done, step, rng)
         if kind < SLIP_SHARE:
             return self._slip(step, rng)
         if kind < SLIP_SHARE + QUIT_SHARE or not options:

@@ -1,9 +1,10 @@
 """Deterministic ToolWorld task sets with content-disjoint train/dev/test splits.
 
-Every task's content (family + goal) is hashed into one of ten buckets: 0-7 train,
-8 dev, 9 test. A split only keeps goals from its own buckets, so no content is shared
-between splits whatever the sizes or seeds. Task ``i`` depends only on
-``(split, seed, i)``, so a larger ``n`` extends a smaller list as a prefix.
+Every task's content (family + goal, the app included) is hashed into one of ten buckets: 0-7
+train, 8 dev, 9 test. A split only keeps goals from its own buckets, so no content is shared
+between splits whatever the sizes or seeds. Task ``i`` depends only on ``(split, seed, i)``
+(and the app filter), so a larger ``n`` extends a smaller list as a prefix. Apps are drawn
+uniformly within the family; every split covers every app.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import count
 
+from .apps import conventions as app_conventions
 from .families import REGISTRY
 
 FAMILIES: list[str] = list(REGISTRY)
@@ -22,7 +24,8 @@ SPLIT_BUCKETS: dict[str, range] = {"train": range(0, 8), "dev": range(8, 9), "te
 
 @dataclass(frozen=True)
 class Task:
-    """One episode's task: the text the agent sees and the goal the checks use."""
+    """One episode's task: the text the agent sees, the goal the checks use, and the app's
+    hidden conventions (which the agent never sees)."""
 
     task_id: str
     family: str
@@ -30,6 +33,11 @@ class Task:
     text: str
     seed: int
     goal: dict
+    conventions: dict = field(default_factory=dict)
+
+    @property
+    def app(self) -> str:
+        return self.goal["app"]
 
 
 def content_signature(family: str, goal: dict) -> str:
@@ -43,8 +51,13 @@ def split_of(family: str, goal: dict) -> str:
     return next(split for split, buckets in SPLIT_BUCKETS.items() if bucket in buckets)
 
 
-def make_tasks(split: str, n: int, seed: int = 0, families: list[str] | None = None) -> list[Task]:
-    """``n`` tasks of ``split``, families round-robin, deterministic in ``(split, n, seed)``."""
+def make_tasks(split: str, n: int, seed: int = 0, families: list[str] | None = None,
+               apps: dict[str, tuple[str, ...]] | None = None, world_seed: int = 0, tag: str = "") -> list[Task]:
+    """``n`` tasks of ``split``, families round-robin, deterministic in ``(split, n, seed)``.
+
+    ``apps``: the apps each family may draw from (default all); ``tag`` marks the task ids of
+    such a filtered set so they never collide with the unfiltered set's.
+    """
     if split not in SPLIT_BUCKETS:
         raise ValueError(f"unknown split {split!r}; expected one of {list(SPLIT_BUCKETS)}")
     names = list(families or FAMILIES)
@@ -54,10 +67,13 @@ def make_tasks(split: str, n: int, seed: int = 0, families: list[str] | None = N
     tasks = []
     for i in range(n):
         family = REGISTRY[names[i % len(names)]]
+        allowed = (apps or {}).get(family.name) or family.apps
         for attempt in count():
             rng = random.Random(f"{split}/{seed}/{i}/{attempt}")
-            text, goal = family.sample_goal(rng)
+            text, goal = family.sample_goal(rng, rng.choice(allowed))
             if split_of(family.name, goal) == split:
                 break
-        tasks.append(Task(f"{family.prefix}-{split}-{i:05d}", family.name, split, text, rng.getrandbits(32), goal))
+        task_id = f"{family.prefix}-{split}{'-' + tag if tag else ''}-{i:05d}"
+        tasks.append(Task(task_id, family.name, split, text, rng.getrandbits(32), goal,
+                          app_conventions(family.name, goal["app"], world_seed)))
     return tasks

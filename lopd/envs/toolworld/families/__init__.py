@@ -1,4 +1,4 @@
-"""The ToolWorld task families (apps), by name."""
+"""The ToolWorld task families, by name; each has several apps with their own conventions."""
 
 from .banking import Banking
 from .base import Backend, Family, Tool, ToolError
