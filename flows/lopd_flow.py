@@ -56,6 +56,7 @@ STAGE_IO: dict[str, StageIO] = {
     "collect": StageIO(lambda p: [layout.policy_path(p)],
                        lambda p: [layout.rollouts_dir(p), layout.bank_dir(p), *_metrics("collect")(p)]),
     "index": StageIO(lambda p: [layout.bank_dir(p)], lambda p: [layout.index_dir(p), *_metrics("index")(p)]),
+    "privilege": StageIO(lambda p: [layout.policy_path(p), layout.bank_dir(p), layout.index_dir(p)], _metrics("privilege")),
     "cold_start": StageIO(lambda p: [layout.policy_path(p), layout.bank_dir(p), layout.index_dir(p)],
                           lambda p: [layout.composer_dir(p), *_metrics("cold_start")(p)]),
     "distill": StageIO(lambda p: [layout.policy_path(p), layout.composer_dir(p), layout.bank_dir(p), layout.index_dir(p)],
@@ -163,7 +164,7 @@ bootstrap, collect, index = STAGE_TASKS["bootstrap"], STAGE_TASKS["collect"], ST
 
 @flow(name="lopd", log_prints=True)
 def lopd_flow(params_path: str = "params.yaml", profile: str = DEFAULT_PROFILE, overrides: list[str] | None = None) -> dict:
-    """Every registered stage in order: bootstrap → collect → index → cold_start → distill → evaluate.
+    """Every registered stage in order: bootstrap → collect → index → privilege → cold_start → distill → evaluate.
 
     Bootstrap adopts ``model.path`` when it is set (a real checkpoint: nothing is trained)."""
     p = load_params(params_path, None if profile in ("", "none") else profile, overrides or [])

@@ -2,7 +2,8 @@
 
 ``data/bank/round-NNN.parquet`` holds the successes added in round NNN (0 = the base policy's,
 written by ``collect``; later distillation rounds append). One row = one successful trajectory,
-columns :data:`BANK_COLUMNS`: ``bank_id, task_id, family, task_text, steps_json`` (a JSON list
+columns :data:`BANK_COLUMNS`: ``bank_id, task_id, family, app`` (the app the task ran in, which
+scoped retrieval matches), ``task_text, steps_json`` (a JSON list
 of ``{"action", "result"}`` with the short result), ``lite_text`` (``Task: ...`` then one
 ``tool {args} -> short result`` line per step), ``reward, success, source_round, model``
 (which policy or checkpoint produced it).
@@ -165,6 +166,7 @@ def expert_top_up(p, bank: pd.DataFrame, round_: int = 0) -> pd.DataFrame:
             "bank_id": f"expert-{task.task_id}",
             "task_id": task.task_id,
             "family": task.family,
+            "app": task.app,
             "task_text": task.text,
             "steps_json": json.dumps([{"action": a, "result": s} for a, s in zip(ep["actions"], ep["shorts"])]),
             "lite_text": lite_text(task.text, ep["actions"], ep["shorts"]),

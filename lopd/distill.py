@@ -63,7 +63,8 @@ from lopd.teacher import teacher_logprobs
 log = logging.getLogger(__name__)
 
 STATE_FILE = "state.pt"
-HEADLINE = ("rollouts", "final_dev_reward", "final_dev_success", "beta_final", "delta_final")
+HEADLINE = ("rollouts", "final_dev_reward", "final_dev_success", "final_dev_success_pretrain", "final_dev_success_new",
+            "beta_final", "delta_final")
 
 
 # ----------------------------------------------------------------------------- where things live
@@ -118,7 +119,7 @@ def refresh_retriever(p: Params, bank_dir: Path, index_dir: Path, embedder):
     from lopd import index as faiss_index
     from lopd.bank import read_bank
     from lopd.embed import embed_texts
-    from lopd.retrieval import Retriever, entry_texts, held_out_task_ids, write_index_dir
+    from lopd.retrieval import Retriever, entry_texts, held_out_task_ids, scope_of, write_index_dir
 
     r = p.retrieval
     bank = read_bank(bank_dir)
@@ -128,7 +129,7 @@ def refresh_retriever(p: Params, bank_dir: Path, index_dir: Path, embedder):
                 "embed_text": r.embed_text, "index": r.index, "n_entries": len(bank), "faiss_version": faiss.__version__,
                 "seed": p.seed, "source": str(bank_dir)}
     write_index_dir(index_dir, index, vecs, bank, manifest)
-    return Retriever(index, bank, embedder, held_out_task_ids(p), r.n_ret)
+    return Retriever(index, bank, embedder, held_out_task_ids(p), r.n_ret, scope=scope_of(p))
 
 
 def _round_numbers(bank_dir: Path) -> list[int]:
@@ -342,8 +343,12 @@ class LoopState:
 
 def dev_eval(p: Params, engine, dev_tasks: Sequence) -> dict[str, float]:
     """Mean reward and success of one sample per dev task; the same seed every time (common random numbers)."""
+    from lopd.policy import success_by_group
+
     trajs = engine.run(dev_tasks, 1, seed=derive_seed(p.seed, "dev"), id_prefix="dev", progress=False)
-    return {"dev_reward": sum(t.reward for t in trajs) / len(trajs), "dev_success": sum(t.success for t in trajs) / len(trajs)}
+    groups = success_by_group(p, dev_tasks, trajs)
+    return {"dev_reward": sum(t.reward for t in trajs) / len(trajs), "dev_success": sum(t.success for t in trajs) / len(trajs),
+            "dev_success_pretrain": groups["pretrain"], "dev_success_new": groups["new"]}
 
 
 def export_student(student, tokenizer, path: Path) -> None:
@@ -433,7 +438,7 @@ def train_method(p: Params, method: str, *, resume: bool = False, stop_after: in
         state.curve.append(point)
         state.eval_rollouts += len(dev_tasks)
         # x = generations spent: the efficiency axis of the spec (dev reward vs cumulative rollouts).
-        _log_metrics({"dev_reward": point["dev_reward"], "dev_success": point["dev_success"]}, budget.used)
+        _log_metrics({k: v for k, v in point.items() if k.startswith("dev_") and v is not None}, budget.used)
 
     if state.step == 0 and not state.curve:
         evaluate_dev()  # the starting point of the curve (0 generations)
@@ -480,6 +485,8 @@ def _summary(p: Params, method: str, state: LoopState, trainer) -> dict:
         "steps": state.step,
         "final_dev_reward": last["dev_reward"],
         "final_dev_success": last["dev_success"],
+        "final_dev_success_pretrain": last.get("dev_success_pretrain"),
+        "final_dev_success_new": last.get("dev_success_new"),
         "train_wall_s": state.train_wall_s,
         "curve": state.curve,
         "params_hash": comparable_hash(p),

@@ -39,6 +39,11 @@ def from_trajectory(task, traj: Trajectory, messages: list[dict]) -> Episode:
     return Episode(task, messages, traj.token_ids, traj.action_mask, traj.prompt_len, traj.reward)
 
 
+def from_expert(tokenizer, e) -> Episode:
+    """A scripted-expert episode (``lopd.probe.ExpertEpisode``) as an :class:`Episode`."""
+    return Episode(e.task, e.messages, e.token_ids, e.action_mask, len(encode(tokenizer, render_prompt(tokenizer, e.messages))), e.reward)
+
+
 def initial_messages(p, task) -> list[dict]:
     """The messages the engine rendered the task's prompt from (the env is deterministic per task)."""
     return ToolWorldEnv(task, max_turns=p.env.max_turns, success_threshold=p.env.success_threshold).initial_observation()

@@ -125,8 +125,11 @@ def per_task_reward(trajs: Sequence) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in by_task.items()}
 
 
-def summarize(trajs: Sequence, ci: float) -> dict:
-    """Success (Wilson), mean reward (t over per-task means) and behaviour of one method's test episodes."""
+def summarize(trajs: Sequence, ci: float, groups: dict[str, str] | None = None) -> dict:
+    """Success (Wilson), mean reward (t over per-task means) and behaviour of one method's test episodes.
+
+    ``groups``: task id -> app group (pre-training or new app); success is also given per group.
+    """
     wins = sum(bool(t.success) for t in trajs)
     lo, hi = wilson_interval(wins, len(trajs), ci)
     tasks = per_task_reward(trajs)
@@ -144,7 +147,15 @@ def summarize(trajs: Sequence, ci: float) -> dict:
         "n_tasks": len(tasks),
         "ci": ci,
         "success_by_family": {f: sum(v) / len(v) for f, v in sorted(by_family.items())},
+        **({"success_by_group": _by_group(trajs, groups)} if groups else {}),
     }
+
+
+def _by_group(trajs: Sequence, groups: dict[str, str]) -> dict[str, float | None]:
+    wins: dict[str, list[bool]] = {"pretrain": [], "new": []}
+    for t in trajs:
+        wins[groups[t.task_id]].append(bool(t.success))
+    return {g: (sum(v) / len(v) if v else None) for g, v in wins.items()}
 
 
 def paired_diff(trajs: Sequence, reference: Sequence, ci: float) -> dict:
@@ -162,14 +173,19 @@ def markdown_table(results: dict) -> str:
 
     ci = next(iter(results.values()))["ci"] if results else 0.95
     lines = [
-        f"| method | success | {ci:.0%} CI | mean reward | {ci:.0%} CI | Δ reward vs vanilla | tool calls / turn | turns | first response tokens | repeated calls |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| method | success | {ci:.0%} CI | pre-training apps | new apps | mean reward | {ci:.0%} CI | Δ reward vs vanilla | tool calls / turn | turns | first response tokens | repeated calls |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def rate(v) -> str:
+        return "—" if v is None else f"{v:.3f}"
+
     for m, r in results.items():
         diff = r.get("reward_diff_vs_vanilla")
         d = "—" if diff is None else f"{diff['mean']:+.3f} {iv(*diff['ci'])}"
         lines.append(
-            f"| {m} | {r['success_rate']:.3f} | {iv(*r['success_ci'])} | {r['mean_reward']:.3f} | {iv(*r['reward_ci'])} | {d} "
+            f"| {m} | {r['success_rate']:.3f} | {iv(*r['success_ci'])} | {rate(r.get('success_by_group', {}).get('pretrain'))} "
+            f"| {rate(r.get('success_by_group', {}).get('new'))} | {r['mean_reward']:.3f} | {iv(*r['reward_ci'])} | {d} "
             f"| {r['tool_calls_per_turn']:.2f} | {r['turns']:.2f} | {r['first_response_tokens']:.1f} | {r['repeated_calls']:.2f} |"
         )
     return "\n".join(lines) + "\n"
@@ -190,7 +206,7 @@ def run(p: Params) -> dict:
     from lopd.distill import student_dir
     from lopd.modeling import load_policy
     from lopd.onpolicy import derive_seed
-    from lopd.policy import make_engine, split_tasks
+    from lopd.policy import app_group, make_engine, split_tasks
     from lopd.tracking import stage_run
 
     methods = evaluated_methods(p)
@@ -206,7 +222,7 @@ def run(p: Params) -> dict:
         for m in methods:
             model, tok = load_policy(paths[m], p.model.dtype)
             trajs = make_engine(p, model, tok).run(tasks, k, seed=derive_seed(p.seed, "test"), id_prefix=f"test-{m}")
-            trajs_by_method[m], results[m] = trajs, summarize(trajs, ci)
+            trajs_by_method[m], results[m] = trajs, summarize(trajs, ci, {t.task_id: app_group(p, t) for t in tasks})
             if m != "vanilla":
                 results[m]["reward_diff_vs_vanilla"] = paired_diff(trajs, trajs_by_method["vanilla"], ci)
             log.info("evaluate %s: success %.3f, reward %.3f", m, results[m]["success_rate"], results[m]["mean_reward"])

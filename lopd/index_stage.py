@@ -28,6 +28,12 @@ def family_precision(retrieved: list[list[dict]], families: list[str]) -> float:
     return float(np.mean(hits)) if hits else 0.0
 
 
+def app_precision(retrieved: list[list[dict]], apps: list[str]) -> float:
+    """Share of retrieved entries from the query's app."""
+    hits = [h["app"] == a for rows, a in zip(retrieved, apps) for h in rows]
+    return float(np.mean(hits)) if hits else 0.0
+
+
 def run(p: Params) -> dict:
     """Embed the bank (cached by content), build and evaluate the index, write it atomically."""
     import faiss
@@ -38,7 +44,7 @@ def run(p: Params) -> dict:
     from lopd.embed import embed_texts, embedder_source, make_embedder
     from lopd.io import write_json
     from lopd.policy import split_tasks
-    from lopd.retrieval import Retriever, entry_texts, held_out_task_ids, write_index_dir
+    from lopd.retrieval import Retriever, entry_texts, held_out_task_ids, scope_of, write_index_dir
     from lopd.tracking import stage_run
     from lopd.validation import validate_bank
 
@@ -69,16 +75,20 @@ def run(p: Params) -> dict:
         t0 = time.perf_counter()
         index = faiss_index.from_params(vecs, r, seed=p.seed)
         build_s = time.perf_counter() - t0
-        retriever = Retriever(index, bank, embedder, forbidden, r.n_ret)
+        retriever = Retriever(index, bank, embedder, forbidden, r.n_ret, scope=scope_of(p))
 
         # Family precision over every dev task (tuning split only; test never touched).
         dev = split_tasks(p, "dev")
         t0 = time.perf_counter()
         qvecs, _ = embed_texts(embedder, [t.text for t in dev], batch_size=r.batch_size)
         query_embed_s = time.perf_counter() - t0
-        hits = retriever.search(qvecs, r.n_ret, [t.task_id for t in dev])
+        hits = retriever.search(qvecs, r.n_ret, [t.task_id for t in dev], [t.app for t in dev])
         retrieved = [retriever.entries(h) for h in hits]
         precision = family_precision(retrieved, [t.family for t in dev])
+        same_app = app_precision(retrieved, [t.app for t in dev])
+        # The embedder alone, without the scope: how much of the precision the scope brings.
+        plain = Retriever(index, bank, embedder, forbidden, r.n_ret)
+        unscoped = app_precision([plain.entries(h) for h in plain.search(qvecs, r.n_ret, [t.task_id for t in dev])], [t.app for t in dev])
 
         lat = []
         for i in range(min(LATENCY_QUERIES, len(dev))):
@@ -123,11 +133,15 @@ def run(p: Params) -> dict:
             "retrieve_ms_p50": float(np.median(e2e)) if e2e else 0.0,
             "query_embed_ms_mean": query_embed_s * 1e3 / max(len(dev), 1),
             f"family_precision_at_{r.n_ret}": precision,
+            f"app_precision_at_{r.n_ret}": same_app,
+            f"app_precision_at_{r.n_ret}_unscoped": unscoped,
+            "scope": r.scope,
+            "entries_by_app": bank["app"].value_counts().sort_index().to_dict(),
             "n_dev_queries": len(dev),
             "lite_chars_mean": float(bank["lite_text"].str.len().mean()),
         }
         mlflow.log_metrics({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
         write_json(layout.metrics_path(p, "index"), metrics)
-    log.info("index: %d entries, dim %d, %s; family precision@%d on dev %.3f", len(bank), embedder.dim, r.index,
-             r.n_ret, precision)
+    log.info("index: %d entries, dim %d, %s; family / app precision@%d on dev %.3f / %.3f", len(bank), embedder.dim,
+             r.index, r.n_ret, precision, same_app)
     return metrics

@@ -6,19 +6,20 @@ the base in the teacher's framing sentence.
 
 from __future__ import annotations
 
-import json
-
 from lopd.envs.toolworld import parse_action
 
 
 def lite_step(action: str, short: str) -> str:
-    """One observation-lite line: ``name {"arg": ...} -> short result`` or ``answer: text``."""
+    """One observation-lite line: the action as the agent wrote it and its short result
+    (``<tool_call>{...}</tool_call> -> ok pm_37``), or ``answer: text``.
+
+    The call keeps its exact text so that a model reading an experience sees the same tokens
+    it would write (a format convention is then a plain copy); only the observation is cut.
+    """
     call, err = parse_action(action)
-    if call is not None:
-        return f"{call['name']} {json.dumps(call['arguments'], separators=(',', ':'))} -> {short}"
-    if err is not None:
-        return f"invalid call -> {short}"
-    return f"answer: {action.strip()}"
+    if call is None and err is None:
+        return f"answer: {action.strip()}"
+    return f"{action.strip()} -> {short}"
 
 
 def lite_text(task_text: str, actions: list[str], shorts: list[str]) -> str:

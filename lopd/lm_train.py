@@ -69,10 +69,15 @@ def masked_nll(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, labels_BT: to
     return (nll_N * w_N).sum() / w_N.sum()
 
 
-def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+def lr_at(step: int, total: int, peak: float, warmup: int, decay_start: int | None = None) -> float:
+    """Linear warm-up over ``warmup`` steps, ``peak`` until ``decay_start`` (default: right after
+    the warm-up), then cosine decay to 0 at ``total``."""
     if step < warmup:
         return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
+    start = warmup if decay_start is None else max(warmup, decay_start)
+    if step < start:
+        return peak
+    progress = (step - start) / max(1, total - start)
     return peak * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
@@ -85,6 +90,7 @@ def train_causal_lm(
     lr: float,
     batch_size: int,
     warmup_frac: float = 0.05,
+    decay_frac: float = 1.0,
     weight_decay: float = 0.0,
     grad_clip: float = 1.0,
     seed: int = 0,
@@ -92,6 +98,9 @@ def train_causal_lm(
     desc: str = "train",
 ) -> list[float]:
     """AdamW on the masked NLL; returns the per-step losses. ``on_step(step, loss, lr)`` logs.
+
+    The rate warms up over ``warmup_frac`` of the steps, holds, and decays (cosine) over the
+    last ``decay_frac`` of them (1 = decay right after the warm-up; 0 = constant).
 
     ``examples``: ``(ids, action_mask)`` or ``(ids, action_mask, weights)`` (per-token loss weights).
     """
@@ -101,7 +110,8 @@ def train_causal_lm(
     weighted = any(len(ex) > 2 for ex in examples)
     plan = [make_batches(lengths, batch_size, rng) for _ in range(epochs)]
     total = sum(len(p) for p in plan)
-    warmup = max(1, int(warmup_frac * total))
+    warmup = int(warmup_frac * total)
+    decay_start = total - int(round(decay_frac * total))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
     device = next(model.parameters()).device
     model.train()
@@ -111,7 +121,7 @@ def train_causal_lm(
             for batch in epoch_batches:
                 step = len(losses)
                 for group in opt.param_groups:
-                    group["lr"] = lr_at(step, total, lr, warmup)
+                    group["lr"] = lr_at(step, total, lr, warmup, decay_start)
                 chunk = [examples[i] for i in batch]
                 ids_BT, attn_BT, labels_BT = (x.to(device) for x in collate([ex[:2] for ex in chunk], pad_id))
                 w_BT = collate_weights(chunk, ids_BT.shape[1]).to(device) if weighted else None

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from lopd.chat import (
@@ -30,17 +30,19 @@ TAG_TOKENS = [*TOOL_CALL_TAGS, *TOOL_RESPONSE_TAGS, *THINK_TAGS]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def train_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """Byte-level BPE trained offline on ``corpus``, with Qwen3's chat tokens and template."""
+def train_tokenizer(corpus: Iterable[str], vocab_size: int, words: Sequence[str] = ()) -> PreTrainedTokenizerFast:
+    """Byte-level BPE trained offline on ``corpus``, with Qwen3's chat tokens and template.
+
+    ``words`` (names, ids, apps, ...) become whole tokens, matched only as whole words: a small
+    model copies one token from its context far sooner than a run of BPE pieces (measured in
+    ``../shared/probes``). ``vocab_size`` counts the BPE part; the words come on top.
+    """
     tok = Tokenizer(models.BPE())
-    # Digits are split one by one (as Qwen does) and spaces stand alone, so a name, an id or an
-    # amount is the same token sequence in the task, in a tool result and in an action.
+    # Digits are split one by one (as Qwen does), so an amount is the same token sequence in the
+    # task, in a tool result and in an action. No regex split otherwise: merges may cross spaces
+    # and punctuation, so the JSON skeleton of a tool call costs a few tokens, not twenty.
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.Split(" ", behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False),
-        ]
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -49,9 +51,11 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokeniz
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    # The tags become whole added tokens below; keep them out of the BPE merges.
-    tag_re = re.compile("|".join(re.escape(t) for t in TAG_TOKENS))
-    tok.train_from_iterator((tag_re.sub(" ", text) for text in corpus), trainer=trainer)
+    # Chat tokens, tags and words become whole tokens below; keep them out of the BPE merges.
+    tag_re = re.compile("|".join(re.escape(t) for t in [*SPECIAL_TOKENS, *TAG_TOKENS]))
+    word_re = re.compile(r"(?<!\w)(?:" + "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)) + r")(?!\w)") if words else None
+    clean = lambda text: tag_re.sub(" ", word_re.sub(" ", text) if word_re else text)  # noqa: E731
+    tok.train_from_iterator((clean(text) for text in corpus), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,
@@ -61,6 +65,7 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokeniz
         model_max_length=1 << 20,
     )
     fast.add_tokens(TAG_TOKENS)  # whole tokens that survive skip_special_tokens decoding
+    fast.add_tokens([AddedToken(w, single_word=True, normalized=False) for w in words])
     return fast
 
 

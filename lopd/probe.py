@@ -42,6 +42,8 @@ class ExpertEpisode:
     action_mask: list[int]
     reward: float
     success: bool
+    actions: list[str]
+    observations: list[str | None]
 
 
 def expert_episodes(tokenizer, tasks, max_turns: int, success_threshold: float) -> list[ExpertEpisode]:
@@ -52,7 +54,7 @@ def expert_episodes(tokenizer, tasks, max_turns: int, success_threshold: float) 
         messages = env.initial_observation()
         ep = run_episode(env, ScriptedExpert())
         ids, mask = tokenize_episode(tokenizer, messages, ep["actions"], ep["observations"])
-        out.append(ExpertEpisode(task, messages, ids, mask, ep["reward"], ep["success"]))
+        out.append(ExpertEpisode(task, messages, ids, mask, ep["reward"], ep["success"], ep["actions"], ep["observations"]))
     return out
 
 

@@ -7,9 +7,14 @@ Guarantees of :meth:`Retriever.retrieve` / :meth:`Retriever.retrieve_batch`:
   (the bank suite already refuses them at build time; this is the second line of defence);
 - deterministic: hits are ordered by (score desc, bank_id asc); when scores tie at the k-th
   place the search widens until every tied candidate is seen, so which one wins never depends
-  on FAISS's internal heap order.
+  on FAISS's internal heap order;
+- scoped (``retrieval.scope: app``): entries from the query task's own app come first, and
+  entries from other apps only fill the k places the app's own cannot. An agent platform knows
+  which environment a task runs in; a dense embedding of the task text does not weigh that one
+  word enough (measured on ToolWorld dev: same-app precision@3 0.47 unscoped, MiniLM, 496
+  entries).
 
-Exclusions are applied by over-fetching and filtering rather than with FAISS ``IDSelector``
+Exclusions and the scope are applied by over-fetching and filtering rather than with FAISS ``IDSelector``
 search parameters: a selector is per call, so per-query exclusions would serialise a batch
 into one call per query, and GPU indexes do not take selectors.
 
@@ -48,23 +53,28 @@ def held_out_task_ids(p) -> frozenset[str]:
     return frozenset(t.task_id for s in ("dev", "test") for t in split_tasks(p, s))
 
 
-def _query(task: Any) -> tuple[str | None, str]:
-    """(task_id or None, text) from a Task-like object, a mapping or a bare string."""
+def _query(task: Any, scope: str | None = None) -> tuple[str | None, str, str | None]:
+    """(task_id or None, text, value of the ``scope`` field or None) from a Task-like object, a mapping or a bare string."""
     if isinstance(task, str):
-        return None, task
+        return None, task, None
     if isinstance(task, dict):
-        return task.get("task_id"), task["text"] if "text" in task else task["task_text"]
-    return getattr(task, "task_id", None), task.text
+        return task.get("task_id"), task["text"] if "text" in task else task["task_text"], task.get(scope) if scope else None
+    return getattr(task, "task_id", None), task.text, getattr(task, scope, None) if scope else None
 
 
 class Retriever:
     """Top-k search over one index whose id i is ``metadata.iloc[i]``."""
 
     def __init__(self, index, metadata: pd.DataFrame, embedder=None, forbidden_task_ids: AbstractSet[str] = frozenset(),
-                 n_ret: int = 3):
+                 n_ret: int = 3, scope: str | None = None):
         if index.ntotal != len(metadata):
             raise ValueError(f"index holds {index.ntotal} vectors but metadata {len(metadata)} rows: rebuild with `lopd index`")
+        if scope is not None and scope not in metadata.columns:
+            raise ValueError(f"retrieval scope {scope!r} is not a bank column ({list(metadata.columns)}): re-run `lopd collect` "
+                             "and `lopd index`, or set retrieval.scope=none")
         self.index, self.meta, self.embedder, self.n_ret = index, metadata.reset_index(drop=True), embedder, n_ret
+        self.scope = scope
+        self._scopes = self.meta[scope].astype(str).to_numpy() if scope else None
         self._task_ids = self.meta["task_id"].astype(str).to_numpy()
         self._blocked = np.isin(self._task_ids, list(forbidden_task_ids)) if forbidden_task_ids else np.zeros(len(self.meta), bool)
         # Worst case to skip per query: every entry of the query's own task plus every blocked one.
@@ -72,10 +82,16 @@ class Retriever:
 
     # ------------------------------------------------------------------ vectors in, positions out
 
-    def search(self, queries: np.ndarray, k: int, exclude_task_ids: Sequence[str | None] | None = None) -> list[list[tuple[int, float]]]:
-        """``queries`` (q, dim) float32 → per query up to ``k`` ``(position, score)``, best first."""
+    def search(self, queries: np.ndarray, k: int, exclude_task_ids: Sequence[str | None] | None = None,
+               scopes: Sequence[str | None] | None = None) -> list[list[tuple[int, float]]]:
+        """``queries`` (q, dim) float32 → per query up to ``k`` ``(position, score)``, best first.
+
+        ``scopes``: per query, the value of the retriever's scope column its hits should share
+        (None: unscoped); in-scope hits rank before all others.
+        """
         q = np.ascontiguousarray(queries, dtype=np.float32).reshape(-1, self.index.d)
         exclude = list(exclude_task_ids) if exclude_task_ids is not None else [None] * len(q)
+        scopes = list(scopes) if scopes is not None and self._scopes is not None else [None] * len(q)
         n = self.index.ntotal
         out: list[list[tuple[int, float]] | None] = [None] * len(q)
         todo = np.arange(len(q))
@@ -84,7 +100,7 @@ class Retriever:
             D, I = faiss_index.search(self.index, q[todo], fetch)
             again = []
             for row, qi in enumerate(todo):
-                hits, complete = self._filter(D[row], I[row], exclude[qi], k, fetch >= n)
+                hits, complete = self._filter(D[row], I[row], exclude[qi], k, fetch >= n, scopes[qi])
                 if complete:
                     out[qi] = hits
                 else:
@@ -93,21 +109,36 @@ class Retriever:
             fetch = min(n, fetch * 2)
         return out  # type: ignore[return-value]
 
-    def _filter(self, scores: np.ndarray, ids: np.ndarray, own: str | None, k: int, saw_all: bool):
+    def _filter(self, scores: np.ndarray, ids: np.ndarray, own: str | None, k: int, saw_all: bool, scope: str | None = None):
         """Kept hits of one query and whether they are final (no unseen candidate could change them)."""
         valid = ids >= 0  # approximate indexes pad with -1 when they find fewer
         ids, scores = ids[valid], scores[valid]
         keep = ~self._blocked[ids]
         if own is not None:
             keep &= self._task_ids[ids] != own
-        kept = sorted(zip((-scores[keep]).tolist(), ids[keep].tolist()))  # (−score, position): ties → bank_id order
-        if saw_all or len(ids) == 0:
-            return [(i, -s) for s, i in kept[:k]], True
-        worst_fetched = float(scores.min())
-        # Final only if k hits survived and the k-th beats the worst fetched score strictly (else an
-        # unfetched candidate could tie it).
-        complete = len(kept) >= k and -kept[k - 1][0] > worst_fetched
-        return [(i, -s) for s, i in kept[:k]], complete
+        ids, scores = ids[keep], scores[keep]
+        outside = (self._scopes[ids] != scope) if scope is not None else np.zeros(len(ids), bool)
+        # (out of scope, −score, position): in-scope first, ties → bank_id order.
+        kept = sorted(zip(outside.tolist(), (-scores).tolist(), ids.tolist()))
+        hits = [(i, -s) for _, s, i in kept[:k]]
+        if saw_all or not valid.any():
+            return hits, True
+        worst_fetched = float(scores.min()) if len(scores) else float("inf")
+        # Final only if the k-th hit beats the worst fetched score strictly (else an unfetched
+        # candidate could tie it); out-of-scope fill is final only once every in-scope entry is in.
+        inside = [(-s, i) for out, s, i in kept if not out]
+        if len(inside) >= k:
+            return hits, -inside[k - 1][0] > worst_fetched
+        if scope is not None and len(inside) < self._eligible(scope, own):
+            return hits, False
+        return hits, len(kept) >= k and -kept[k - 1][1] > worst_fetched
+
+    def _eligible(self, scope: str, own: str | None) -> int:
+        """Entries of ``scope`` a query of task ``own`` may retrieve."""
+        ok = (self._scopes == scope) & ~self._blocked
+        if own is not None:
+            ok &= self._task_ids != own
+        return int(ok.sum())
 
     # ------------------------------------------------------------------ tasks in, bank entries out
 
@@ -124,16 +155,17 @@ class Retriever:
         """Top-``k`` bank entries (dicts: bank columns + ``score``, ``rank``) for each task.
 
         A task is a ToolWorld ``Task`` (or anything with ``task_id`` and ``text``), a dict with
-        those keys, or a bare string (no self-exclusion then). Query = the task's text.
+        those keys, or a bare string (no self-exclusion then). Query = the task's text; with a
+        scope, the task's field of that name (e.g. ``app``) picks the in-scope entries.
         """
         if self.embedder is None:
             raise ValueError("this Retriever has no embedder: pass one, or call search() with query vectors")
         k = k or self.n_ret
-        ids, texts = zip(*(_query(t) for t in tasks)) if tasks else ((), ())
+        ids, texts, scopes = zip(*(_query(t, self.scope) for t in tasks)) if tasks else ((), (), ())
         if not texts:
             return []
         vecs = self.embedder.encode(list(texts), batch_size=batch_size)
-        return [self.entries(h) for h in self.search(vecs, k, list(ids))]
+        return [self.entries(h) for h in self.search(vecs, k, list(ids), list(scopes))]
 
     def retrieve(self, task: Any, k: int | None = None) -> list[dict]:
         """Top-``k`` bank entries for one task (see :meth:`retrieve_batch`)."""
@@ -161,6 +193,7 @@ def load_retriever(
     use_gpu: bool = True,
     nprobe: int | None = None,
     ef_search: int | None = None,
+    scope: str | None = None,
 ) -> Retriever:
     """A Retriever over the index directory at ``path``.
 
@@ -179,7 +212,12 @@ def load_retriever(
             "re-run `lopd index` with the current retrieval.embedder"
         )
     index = faiss_index.load(path / INDEX_FILE, use_gpu=use_gpu, nprobe=nprobe, ef_search=ef_search)
-    return Retriever(index, pd.read_parquet(path / METADATA_FILE), embedder, forbidden_task_ids, n_ret)
+    return Retriever(index, pd.read_parquet(path / METADATA_FILE), embedder, forbidden_task_ids, n_ret, scope=scope)
+
+
+def scope_of(p) -> str | None:
+    """The bank column retrieval is scoped by (``retrieval.scope``), or None."""
+    return None if p.retrieval.scope == "none" else p.retrieval.scope
 
 
 def open_retriever(p, embedder=None) -> Retriever:
@@ -189,4 +227,5 @@ def open_retriever(p, embedder=None) -> Retriever:
 
     r = p.retrieval
     return load_retriever(layout.index_dir(p), embedder or make_embedder(p), held_out_task_ids(p), r.n_ret,
-                          use_gpu=r.faiss_gpu, nprobe=r.ivf_nprobe, ef_search=r.hnsw_ef_search)
+                          use_gpu=r.faiss_gpu, nprobe=r.ivf_nprobe, ef_search=r.hnsw_ef_search,
+                          scope=scope_of(p))

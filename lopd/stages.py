@@ -23,6 +23,7 @@ STAGES: dict[str, Callable[[Params], dict]] = {
     "bootstrap": _stage("bootstrap"),
     "collect": _stage("collect"),
     "index": _stage("index_stage"),
+    "privilege": _stage("privilege"),  # text experiences vs none, before any latent is trained
     "cold_start": _stage("cold_start"),
     "distill": _stage("distill"),  # lopd needs cold start's models/composer
     "evaluate": _stage("evaluate"),

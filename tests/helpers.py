@@ -7,19 +7,20 @@ from functools import lru_cache
 from lopd.backends import Generation
 from lopd.chat import encode
 from lopd.config import ModelParams
-from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, make_tasks, run_episode
+from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, entity_words, make_tasks, run_episode
 from lopd.modeling import build_tiny_qwen3, train_tokenizer
 
 
 @lru_cache(maxsize=1)
 def tiny_tokenizer():
-    """BPE trained on a few expert transcripts (enough to cover ToolWorld's characters)."""
+    """BPE trained on a few expert transcripts (enough to cover ToolWorld's characters), with
+    ToolWorld's entity words as whole tokens, as the embedded base has them."""
     texts = []
     for task in make_tasks("train", 40):
         env = ToolWorldEnv(task)
         ep = run_episode(env, ScriptedExpert())
         texts.append(env.system_prompt() + task.text + "".join(ep["actions"]) + "".join(o or "" for o in ep["observations"]))
-    tok = train_tokenizer(texts, vocab_size=600)
+    tok = train_tokenizer(texts, vocab_size=600, words=entity_words())
     tok.padding_side = "left"
     return tok
 

@@ -33,7 +33,10 @@ def test_bootstrap_outputs_a_loadable_hf_checkpoint_and_metrics(smoke):
     assert "<|LATENT_PH|>" in tok.get_vocab() and tok.chat_template
     assert len(tok("<tool_call>", add_special_tokens=False)["input_ids"]) == 1
     m = json.loads(layout.metrics_path(smoke, "bootstrap").read_text())
-    assert {"params", "expert_success_rate", "dev_success_rate"} <= set(m)
+    assert {"params", "expert_success_rate", "dev_success_rate", "dev_success_by_group"} <= set(m)
+    assert set(m["dev_success_by_group"]) == {"pretrain", "new"} and m["base_source"] == "train"
+    assert m["model_path"] == "models/base"  # relative to paths.root: no machine path in metrics
+    assert m["demos_same_app"] + m["demos_fresh_app"] > 0 and m["pretrain_steps"] > 0
     assert m["expert_success_rate"] >= 0.99
     acc = m["dev_action_accuracy"]  # every dev expert episode has a first action; all values are shares
     assert {"all", "a0"} <= set(acc) and all(0.0 <= v <= 1.0 for v in acc.values())
@@ -65,7 +68,8 @@ def test_each_stage_is_an_mlflow_run_with_params_and_metrics(smoke):
     mlflow.set_tracking_uri(tracking_uri(smoke))
     runs = mlflow.search_runs(experiment_names=["lopd"], output_format="list")
     by_stage = {r.data.tags["stage"]: r for r in runs}
-    assert set(by_stage) >= {"bootstrap", "collect", "index", "cold_start", "distill", "evaluate"}
+    assert set(by_stage) >= {"bootstrap", "collect", "index", "privilege", "cold_start", "distill", "evaluate"}
+    assert "success_retrieved_text" in by_stage["privilege"].data.metrics
     assert "cold_start_nll" in by_stage["cold_start"].data.metrics
     assert "family_precision_at_3" in by_stage["index"].data.metrics
     assert by_stage["collect"].data.params["distill.margin"] == str(smoke.distill.margin)
@@ -95,13 +99,28 @@ def test_index_writes_a_loadable_index_and_metrics(smoke):
     from lopd.retrieval import open_retriever
 
     m = json.loads(layout.metrics_path(smoke, "index").read_text())
-    assert {"n_entries", "dim", "build_s", "query_ms_p50", "family_precision_at_3"} <= set(m)
+    assert {"n_entries", "dim", "build_s", "query_ms_p50", "family_precision_at_3", "app_precision_at_3",
+            "app_precision_at_3_unscoped"} <= set(m)
+    assert m["app_precision_at_3"] >= m["app_precision_at_3_unscoped"]  # the scope only moves same-app entries up
     assert m["dim"] == 384 and m["n_dev_queries"] == smoke.env.n_dev
     r = open_retriever(smoke)
     assert r.index.ntotal == m["n_entries"]
     task = r.meta.iloc[0]
     hits = r.retrieve({"task_id": task["task_id"], "text": task["task_text"]})
     assert len(hits) == smoke.retrieval.n_ret and task["task_id"] not in {h["task_id"] for h in hits}
+
+
+def test_privilege_measures_every_context_before_any_latent(smoke):
+    from lopd.privilege import CONTEXTS
+    from lopd.token_kinds import KINDS
+
+    m = json.loads(layout.metrics_path(smoke, "privilege").read_text())
+    assert list(m["success"]) == list(m["nll"]) == list(CONTEXTS)
+    assert all(0.0 <= v <= 1.0 for v in m["success"].values()) and all(v > 0 for v in m["nll"].values())
+    assert all(set(m["nll_by_kind"][c]) == set(KINDS) for c in CONTEXTS)
+    assert m["nll_tokens"]["all"] == sum(m["nll_tokens"][k] for k in KINDS) > 0
+    assert set(m["success_by_group"]["none"]) == {"pretrain", "new"}
+    assert m["n_nll_trajectories"] == m["n_dev_tasks"] == smoke.privilege.dev_tasks  # the scripted expert solves every dev task
 
 
 def test_cold_start_saves_the_composer_and_privilege_metrics(smoke):
@@ -121,6 +140,8 @@ def test_distill_and_evaluate_write_their_comparisons(smoke):
     assert set(smoke.distill.methods) <= set(d) and "rollouts_to_grpo_final" in d
     e = json.loads(layout.metrics_path(smoke, "evaluate").read_text())
     assert {"success_rate", "mean_reward", "tool_calls_per_turn", "turns", "first_response_tokens", "repeated_calls"} <= set(e["lopd"])
+    assert set(e["lopd"]["success_by_group"]) == {"pretrain", "new"}
+    assert {"final_dev_success_pretrain", "final_dev_success_new"} <= set(d["lopd"])
     student = AutoModelForCausalLM.from_pretrained(layout.models_dir(smoke) / "student")
     base = AutoModelForCausalLM.from_pretrained(layout.base_model_dir(smoke))
     assert student.config.to_dict() | {"_name_or_path": ""} == base.config.to_dict() | {"_name_or_path": ""}

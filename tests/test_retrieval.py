@@ -55,18 +55,41 @@ def make_bank(n_tasks: int = 8, per_task: int = 2, start: int = 0, text=None) ->
             steps = [{"action": f"call_{t}_{j}", "result": "ok"}]
             rows.append({
                 "bank_id": f"b{t:03d}-{j}", "task_id": f"{fam[:2]}-train-{t:05d}", "family": fam,
-                "task_text": task_text, "steps_json": json.dumps(steps),
+                "app": f"app{t % 3}", "task_text": task_text, "steps_json": json.dumps(steps),
                 "lite_text": f"Task: {task_text}" + ("" if text else f"\ncall_{t}_{j} -> ok"), "reward": 1.0, "success": True,
                 "source_round": 0, "model": "base",
             })
     return pd.DataFrame(rows, columns=list(BANK_COLUMNS))
 
 
-def retriever_for(bank: pd.DataFrame, kind: str = "flat", forbidden=frozenset(), embedder=None) -> Retriever:
+def retriever_for(bank: pd.DataFrame, kind: str = "flat", forbidden=frozenset(), embedder=None, scope=None) -> Retriever:
     emb = embedder or FakeEmbedder()
     bank = bank.sort_values("bank_id").reset_index(drop=True)
     vecs = emb.encode(bank["lite_text"].tolist())
-    return Retriever(faiss_index.build(vecs, kind, use_gpu=False), bank, emb, forbidden)
+    return Retriever(faiss_index.build(vecs, kind, use_gpu=False), bank, emb, forbidden, scope=scope)
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw"])
+def test_scoped_retrieval_ranks_the_tasks_own_app_first_and_fills_from_others(kind):
+    bank = make_bank(n_tasks=24, per_task=2)  # apps app0..app2 round-robin over tasks
+    r = retriever_for(bank, kind, scope="app")
+    plain = retriever_for(bank, kind)
+    q = {"task_id": "q", "text": "banking query", "app": "app1"}
+    hits = r.retrieve(q, k=3)
+    assert [h["app"] for h in hits] == ["app1"] * 3
+    ranked = [h for h in plain.retrieve(q, k=len(bank)) if h["app"] == "app1"][:3]
+    assert [h["bank_id"] for h in hits] == [h["bank_id"] for h in ranked]  # the best of that app, in score order
+    # an app with fewer entries than k: all of them first, then the best of the others
+    small = pd.concat([bank, make_bank(n_tasks=1, per_task=1, start=90).assign(app="rare")], ignore_index=True)
+    r = retriever_for(small, kind, scope="app")
+    hits = r.retrieve({"task_id": "q", "text": "banking query", "app": "rare"}, k=3)
+    assert hits[0]["app"] == "rare" and [h["app"] for h in hits[1:]] != ["rare", "rare"]
+    rest = [h["bank_id"] for h in retriever_for(small, kind).retrieve("banking query", k=len(small)) if h["app"] != "rare"][:2]
+    assert [h["bank_id"] for h in hits[1:]] == rest
+    # no app on the query (a bare string): plain top-k
+    assert r.retrieve("banking query", k=3) == retriever_for(small, kind).retrieve("banking query", k=3)
+    with pytest.raises(ValueError, match="retrieval scope 'app' is not a bank column"):
+        retriever_for(bank.drop(columns=["app"]), kind, scope="app")
 
 
 # ----------------------------------------------------------------------------- retrieval

@@ -27,6 +27,7 @@ def rollouts() -> pd.DataFrame:
             "reward": reward,
             "success": reward >= THRESHOLD,
             "actions_text": "answer 4",
+            "n_turns": 1,
             "n_gen_tokens": 7,
             "n_tokens": 30,
         }
@@ -40,6 +41,7 @@ def bank() -> pd.DataFrame:
             "bank_id": [f"b{i}" for i in range(N)],
             "task_id": [f"train{i}" for i in range(N)],
             "family": "arith",
+            "app": "calc",
             "task_text": "what is 2+2?",
             "lite_text": "2+2",
             "reward": 1.0,
@@ -94,12 +96,13 @@ def test_threshold_is_applied() -> None:
     ]
 
 
-def test_empty_action_text() -> None:
+def test_no_action() -> None:
     df = rollouts()
-    df.loc[4, "actions_text"] = ""
-    assert failures(lambda: validate_rollouts(df, THRESHOLD)) == [
-        ("expect_column_value_lengths_to_be_between(actions_text)", 1)
-    ]
+    df.loc[4, "n_turns"] = 0
+    assert failures(lambda: validate_rollouts(df, THRESHOLD)) == [("expect_column_values_to_be_between(n_turns)", 1)]
+    df = rollouts()
+    df.loc[4, "actions_text"] = ""  # an empty action is a policy's output, not broken data
+    validate_rollouts(df, THRESHOLD)
 
 
 def test_duplicate_rollout_ids() -> None:
@@ -161,10 +164,10 @@ def test_error_survives_pickling() -> None:
 def test_several_failures_one_line_each() -> None:
     df = rollouts()
     df.loc[1, "reward"] = -0.5  # also inconsistent with success=True
-    df.loc[3, "actions_text"] = ""
+    df.loc[3, "n_turns"] = 0
     assert sorted(failures(lambda: validate_rollouts(df, THRESHOLD))) == [
         ("expect_column_pair_values_to_be_equal(success, expected_success)", 1),
-        ("expect_column_value_lengths_to_be_between(actions_text)", 1),
+        ("expect_column_values_to_be_between(n_turns)", 1),
         ("expect_column_values_to_be_between(reward)", 1),
     ]
 
