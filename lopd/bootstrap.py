@@ -15,6 +15,8 @@ import os
 import random
 import time
 
+import torch
+
 from lopd import layout
 from lopd.config import Params, ParamsError
 from lopd.envs.toolworld import NoisyExpert, ScriptedExpert, ToolWorldEnv, run_episode
@@ -203,7 +205,32 @@ def pretrain_base(p: Params, demos: list[Demo], plain: list[Demo], on_step=None)
             on_step=(lambda step, loss, lr, o=offset: on_step(o + step, loss, lr)) if on_step else None,
             desc=desc,
         )
+    unseen_apps_as_unknown(model, tokenizer, examples)
     return model, tokenizer, losses, examples
+
+
+@torch.no_grad()
+def unseen_apps_as_unknown(model, tokenizer, examples) -> list[str]:
+    """Give every app name the demos never contain (the new apps) the mean embedding of the
+    synthetic apps'; returns those names.
+
+    Why: a token pre-training never shows keeps its random initial embedding, and the base reads
+    it as nothing in particular, not as "an app I do not know". The synthetic apps are exactly
+    that (their conventions were drawn fresh every time), so their mean is what a new app should
+    look like. This uses no knowledge of the new apps' conventions. (Hugging Face initialises
+    added tokens at the mean embedding for the same reason.)
+    """
+    from lopd.envs.toolworld import SYNTHETIC_APPS
+    from lopd.envs.toolworld.families import REGISTRY
+
+    seen = {i for ids, _ in examples for i in ids}
+    ids = lambda names: [tokenizer.convert_tokens_to_ids(n) for n in names]  # noqa: E731
+    apps = [a for fam in REGISTRY.values() for a in fam.apps]
+    unseen = [a for a, i in zip(apps, ids(apps)) if i not in seen]
+    if unseen:
+        emb = model.get_input_embeddings().weight
+        emb[ids(unseen)] = emb[ids(SYNTHETIC_APPS)].mean(0)
+    return unseen
 
 
 def train_base(p: Params, path, on_step=None) -> dict:

@@ -190,11 +190,16 @@ class LOPDTrainer:
             self.student.train()
             s_logp_BTV, s_tok_BT = token_logprobs(self.student, ids_BT, attn_BT, mask_BT)
 
-        # 1. Teacher scoring, no grad: top-M support + log π_T at the sampled tokens.
-        with self.timer("teacher_scoring"), torch.no_grad():
-            student_ids = s_logp_BTV.detach().topk(d.top_m, dim=-1).indices if d.kl_support == "student" else None
-            latents_BLD = self.composer(texts, exps)
-            t = teacher_logprobs(self.composer.backbone, tb, latents_BLD, ids_BT, mask_BT, top_m=d.top_m, ids_BTM=student_ids)
+        # 1. Teacher scoring, no grad: top-M support + log π_T at the sampled tokens. Without
+        # LoRA dropout the composer's forward is the same in both phases: it runs once, with grad,
+        # and phase 1 reads it detached (the encoder is most of a step's cost).
+        reuse = self.opt_composer is not None and p.composer.lora_dropout == 0.0
+        with self.timer("teacher_scoring"):
+            latents_phi_BLD = self.composer(texts, exps) if reuse else None
+            with torch.no_grad():
+                student_ids = s_logp_BTV.detach().topk(d.top_m, dim=-1).indices if d.kl_support == "student" else None
+                latents_BLD = latents_phi_BLD.detach() if reuse else self.composer(texts, exps)
+                t = teacher_logprobs(self.composer.backbone, tb, latents_BLD, ids_BT, mask_BT, top_m=d.top_m, ids_BTM=student_ids)
             ids_BTM = t.topm_ids_BTM
             delta = float(trajectory_margin(privilege(t.token_logp_BT, s_tok_BT, mask_BT), reward_B, mask_BT))
 
@@ -210,7 +215,7 @@ class LOPDTrainer:
             with self.timer("composer_update"):
                 anchor_BLD = self.anchor.latents(texts, exps)  # c_φ₀ on the same inputs (eval mode: no dropout)
                 self.composer.train()  # encoder LoRA dropout, if composer.lora_dropout > 0
-                latents_BLD = self.composer(texts, exps)
+                latents_BLD = latents_phi_BLD if reuse else self.composer(texts, exps)
                 t_phi = teacher_logprobs(self.composer.backbone, tb, latents_BLD, ids_BT, mask_BT, ids_BTM=ids_BTM)
                 kl_phi = masked_mean(topm_kl_per_token(s_logp_BTV.detach().gather(-1, ids_BTM), t_phi.topm_logp_BTM), mask_BT)
                 delta_phi = trajectory_margin(privilege(t_phi.token_logp_BT, s_tok_BT, mask_BT), reward_B, mask_BT)

@@ -27,6 +27,9 @@ SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END, LATENT_PH]
 # Tags stay in decoded text (the environment parses them), so they are added, not special.
 TAG_TOKENS = [*TOOL_CALL_TAGS, *TOOL_RESPONSE_TAGS, *THINK_TAGS]
 
+NUMBER_TOKENS = [f"{i:02d}" for i in range(100)] + [str(i) for i in range(10, 100)] + [str(i) for i in range(10)]
+NUMBER_TOKENS = list(dict.fromkeys(NUMBER_TOKENS))  # "00".."99" and "0".."9"
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -35,7 +38,10 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int, words: Sequence[str]
 
     ``words`` (names, ids, apps, ...) become whole tokens, matched only as whole words: a small
     model copies one token from its context far sooner than a run of BPE pieces (measured in
-    ``../shared/probes``). ``vocab_size`` counts the BPE part; the words come on top.
+    ``../shared/probes``). Numbers are read in chunks of two digits from the left, each one
+    token (``7200`` = ``72`` ``00``): copying ``72`` digit by digit out of a context full of
+    other numbers was the most common error of the base with experiences in its prompt.
+    ``vocab_size`` counts the BPE part; words and numbers come on top.
     """
     tok = Tokenizer(models.BPE())
     # Digits are split one by one (as Qwen does), so an amount is the same token sequence in the
@@ -66,6 +72,8 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int, words: Sequence[str]
     )
     fast.add_tokens(TAG_TOKENS)  # whole tokens that survive skip_special_tokens decoding
     fast.add_tokens([AddedToken(w, single_word=True, normalized=False) for w in words])
+    # Leftmost-longest matching splits any digit run into two-digit chunks from the left.
+    fast.add_tokens([AddedToken(n, normalized=False) for n in NUMBER_TOKENS])
     return fast
 
 

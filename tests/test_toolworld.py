@@ -140,10 +140,11 @@ def test_a_missing_prerequisite_is_an_error_that_a_retry_fixes():
     assert r.info["success"]
 
 
-def test_a_needless_check_is_harmless_but_a_needless_commit_submits_twice_silently():
+def test_a_needless_check_is_an_error_and_a_needless_commit_submits_twice_silently():
     task = task_with("shop", prereq="none", commit="auto")
-    info, _ = play(task, {**task.conventions, "prereq": "required"})
-    assert info["success"]
+    info, history = play(task, {**task.conventions, "prereq": "required"})
+    assert not info["success"]  # the believed plan keeps checking; the app keeps refusing
+    assert any(o and json.loads(o).get("error") == "check_stock is not available here" for _, o in history)
     info, history = play(task, {**task.conventions, "commit": "required"})
     assert not info["success"] and [k for k, ok in info["checks"].items() if not ok] == ["single"]
     assert not any(o and "error" in json.loads(o) for _, o in history)

@@ -5,7 +5,8 @@ Bluefin Bank, ...) has its own hidden conventions about that plan:
 
 1. **lookup** an entity named in the task (one result: its id, sometimes a price);
 2. **prereq**: some apps insist on a check before the main call (``prereq: required``); the
-   main call then fails with an error message until it is done, so a retry can fix it;
+   main call then fails with an error message until it is done. The other apps have no such
+   check, and calling it gets an error message too. Either way a retry fixes it;
 3. **main**: the call that does the task. One of its arguments has an app-specific
    **format** (cents or dollars, °C or °F, 12h or 24h). A wrong format is accepted silently
    and only costs the ``value`` checklist item;
@@ -133,6 +134,8 @@ class Backend:
         return {"id": found[0], **self.extras.get(found[0], {})}
 
     def _prereq(self, args: dict) -> dict:
+        if self.conventions["prereq"] != "required":
+            raise ToolError(f"{self.family.role('prereq').name} is not available here")
         ident = self._entity(args[self.family.id_arg])
         self.checked.add(ident)
         return {"id": ident, self.family.prereq_word: True}
