@@ -44,17 +44,20 @@ def test_demos_come_from_pretraining_apps_only_and_are_seeded():
 def test_experiences_show_the_apps_conventions_and_distractors_come_from_other_apps():
     p = _params(bootstrap__experience_frac=1.0, bootstrap__distractor_frac=0.0)
     demos, plain, info = demonstrations(p)
-    assert info["demos_plain"] == 0 and info["demos_distractors"] == 0
-    n_fresh = 0
+    assert info["demos_distractors"] == 0
+    n_fresh, n_bare = 0, 0
     for (messages, actions, _), (bare, _, _) in zip(demos, plain):
         exps = _experiences(messages)
-        assert 1 <= len(exps) <= p.bootstrap.experience_max
         app = APP_RE.search(messages[1]["content"]).group(1)
+        if not exps:  # only where the app has no other successful demo to show
+            n_bare += 1
+            continue
+        assert len(exps) <= p.bootstrap.experience_max
         assert {APP_RE.search(x).group(1) for x in exps} == {app}  # every experience is from the demo's own app
         assert all(x.startswith("Task: ") and "answer:" in x for x in exps)  # observation-lite successes
         assert messages[1:] == bare[1:] or app in SYNTHETIC_APPS  # a same-app demo only gains the framing
         n_fresh += app in SYNTHETIC_APPS
-    assert 0 < n_fresh < len(demos)
+    assert 0 < n_fresh < len(demos) and n_bare == info["demos_plain"] <= len(demos) // 20
     # with every slot a distractor, no experience is from the demo's app
     demos, _, info = demonstrations(_params(bootstrap__experience_frac=1.0, bootstrap__distractor_frac=1.0))
     for messages, _, _ in demos:
