@@ -28,7 +28,7 @@ from lopd.io import write_json
 from lopd.sweep import link_shared
 from lopd.tracking import stage_run
 
-LR_KEYS = {"lopd": ("distill.student_lr", "distill.composer_lr"), "grpo": ("grpo.lr",), "sft": ("distill.sft_lr",)}
+LR_KEYS = {"lopd": ("distill.student_lr", "distill.composer_lr"), "opsd": ("distill.opsd_lr",), "grpo": ("grpo.lr",), "sft": ("distill.sft_lr",)}
 
 
 def tuned_params(p, method: str, lr: float, shape: tuple[int, int] | None = None):

@@ -21,7 +21,7 @@ def sweep_flow(
     profile: str = DEFAULT_PROFILE,
     overrides: list[str] | None = None,
     seeds: list[int] = [0, 1, 2],  # noqa: B006 - Prefect parameters: the defaults are copied per run
-    methods: list[str] = ["lopd", "grpo", "vanilla", "sft"],  # noqa: B006
+    methods: list[str] = ["lopd", "opsd", "grpo", "vanilla", "sft"],  # noqa: B006
 ) -> dict:
     """``lopd sweep``: returns what ``lopd.sweep.run`` returns (parent run id, per-seed metrics, aggregate)."""
     p = load_params(params_path, None if profile in ("", "none") else profile, overrides or [])

@@ -154,7 +154,7 @@ class ColdStartParams(_Section):
 
 
 class DistillParams(_Section):
-    methods: list[Literal["lopd", "grpo", "sft", "vanilla"]] = Field(["lopd", "grpo", "sft"], description="Methods trained at the same rollout budget")
+    methods: list[Literal["lopd", "opsd", "grpo", "sft", "vanilla"]] = Field(["lopd", "opsd", "grpo", "sft"], description="Methods trained at the same rollout budget")
     steps: int = Field(100, ge=1, description="Optimisation steps (spec: 100)")
     batch_tasks: int = Field(32, ge=1, description="Tasks per step (spec: 32)")
     student_lr: float = Field(1e-5, gt=0.0, description="Student learning rate (spec: 1e-5)")
@@ -171,6 +171,7 @@ class DistillParams(_Section):
     eval_every: int = Field(10, ge=1, description="Steps between dev evaluations (plus one before the first step and one after the last)")
     eval_dev_tasks: int = Field(64, ge=1, description="Dev tasks per evaluation, one sample each, same seed every time (not charged to the budget)")
     sft_lr: float = Field(1e-5, gt=0.0, description="Learning rate of the SFT baseline (rejection-sampling fine-tuning)")
+    opsd_lr: float = Field(1e-5, gt=0.0, description="Student learning rate of the text-privilege baseline opsd (as LOPD's student: 1e-5)")
     resume: bool = Field(False, description="Continue each method from its last checkpoint instead of starting over")
 
 

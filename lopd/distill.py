@@ -58,7 +58,7 @@ from lopd.onpolicy import (
 )
 from lopd.policy import train_tasks_by_id
 from lopd.scoring import token_logprobs
-from lopd.teacher import teacher_logprobs
+from lopd.teacher import teacher_logprobs, text_teacher_batch
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +81,16 @@ def checkpoint_dir(p: Params, method: str) -> Path:
     return layout.models_dir(p) / "checkpoints" / "distill" / method
 
 
-def distill_bank_dir(p: Params) -> Path:
-    """LOPD's growing bank: ``data/bank`` copied at the start, then one round file per distill round."""
-    return layout.data_dir(p) / "distill" / "bank"
+def distill_bank_dir(p: Params, method: str = "lopd") -> Path:
+    """A method's growing bank: ``data/bank`` copied at the start, then one round file per distill round.
+
+    LOPD's is ``data/distill/bank``; the text-privilege baseline grows its own (``data/distill/opsd/bank``).
+    """
+    return layout.data_dir(p) / "distill" / ("" if method == "lopd" else method) / "bank"
 
 
-def distill_index_dir(p: Params) -> Path:
-    return layout.data_dir(p) / "distill" / "index"
+def distill_index_dir(p: Params, method: str = "lopd") -> Path:
+    return layout.data_dir(p) / "distill" / ("" if method == "lopd" else method) / "index"
 
 
 def curve_path(p: Params) -> Path:
@@ -231,14 +234,17 @@ class LOPDTrainer:
         self.beta = dual_update(self.beta, d.margin, delta, d.eta_beta)
         out["beta"] = self.beta
 
-        # Successes wait for the end of the round to join the bank (spec: iterative bank).
+        out["new_successes"] = self.keep_successes(trajs)
+        return out
+
+    def keep_successes(self, trajs: Sequence) -> float:
+        """Successes wait for the end of the round to join the bank (spec: iterative bank); returns their count."""
         if self.bank_dir is not None:
             from lopd.collect import bank_frame
 
-            rows = bank_frame(list(trajs), self.tasks_by_id, "distill-lopd", self.bank_version + 1)
+            rows = bank_frame(list(trajs), self.tasks_by_id, f"distill-{self.name}", self.bank_version + 1)
             self.pending += rows.to_dict("records")
-        out["new_successes"] = float(sum(tr.success for tr in trajs))
-        return out
+        return float(sum(tr.success for tr in trajs))
 
     def end_round(self, round_: int) -> None:
         """The round's successes become bank round file ``bank_version + 1``; the index is rebuilt over it."""
@@ -254,7 +260,7 @@ class LOPDTrainer:
         if len(added):
             self.bank_version += 1
             self.added_rounds.append(self.bank_version)
-            self.retriever = refresh_retriever(self.p, self.bank_dir, distill_index_dir(self.p), self.retriever.embedder)
+            self.retriever = refresh_retriever(self.p, self.bank_dir, distill_index_dir(self.p, self.name), self.retriever.embedder)
             log.info("distill round %d: %d new successes joined the bank (round file %d)", round_, len(added), self.bank_version)
 
     # -- checkpointing
@@ -289,14 +295,63 @@ class LOPDTrainer:
                 if n > self.bank_version:
                     (self.bank_dir / f"round-{n:03d}.parquet").unlink()
             if self.added_rounds:
-                self.retriever = refresh_retriever(self.p, self.bank_dir, distill_index_dir(self.p), self.retriever.embedder)
+                self.retriever = refresh_retriever(self.p, self.bank_dir, distill_index_dir(self.p, self.name), self.retriever.embedder)
+
+
+class OPSDTrainer(LOPDTrainer):
+    """The text-privilege baseline (OPSD / SDPO / Skill-SD family): LOPD with the experiences as text.
+
+    Everything is LOPD's (retrieval of ``n_ret`` experiences, the growing bank, the student's
+    reverse KL on the teacher's top-M + tail, the student rate ``distill.opsd_lr``) except the
+    teacher: the frozen base with the retrieved observation-lite experiences written *as text*
+    into the same framing sentence, as the ``privilege`` stage's ``retrieved_text``. No composer,
+    no margin, no β; Δ is still computed (on the text teacher) so the curves compare.
+    """
+
+    name = "opsd"
+
+    def __init__(self, p: Params, student, tokenizer, teacher, retriever, tasks_by_id: dict, bank_dir: Path | None = None):
+        self.p, self.student, self.tokenizer, self.teacher = p, student, tokenizer, teacher
+        self.composer = self.anchor = self.opt_composer = None
+        self.retriever, self.tasks_by_id, self.bank_dir = retriever, tasks_by_id, bank_dir
+        self.tasks_per_step = p.distill.batch_tasks
+        self.opt_student = make_adam(student.parameters(), p.distill.opsd_lr)
+        self.beta = 0.0  # no margin constraint; kept so checkpoints share LOPD's layout
+        self.pending, self.added_rounds, self.timer = [], [], Timer()
+        self.bank_version = max(_round_numbers(bank_dir)) if bank_dir is not None and bank_dir.is_dir() else 0
+
+    def step(self, step: int, tasks: Sequence, trajs: Sequence) -> dict[str, float]:
+        p, d = self.p, self.p.distill
+        device = next(self.student.parameters()).device
+        episodes = to_episodes(p, tasks, trajs)
+        with self.timer("retrieval"):
+            texts = ["\n\n".join(exp) for exp in self.experiences([e.task for e in episodes])]
+        ids_BT, attn_BT, mask_BT = (t.to(device) for t in student_batch(episodes, self.tokenizer.pad_token_id))
+        reward_B = torch.tensor([e.reward for e in episodes], dtype=torch.float32, device=device)
+
+        with self.timer("student_update"):
+            self.student.train()
+            s_logp_BTV, s_tok_BT = token_logprobs(self.student, ids_BT, attn_BT, mask_BT)
+        # 1. Teacher scoring, no grad: the base with the experiences as text in its framing.
+        with self.timer("teacher_scoring"), torch.no_grad():
+            tb = text_teacher_batch(self.tokenizer, episodes, texts).to(device)
+            student_ids = s_logp_BTV.detach().topk(d.top_m, dim=-1).indices if d.kl_support == "student" else None
+            no_latents = torch.zeros(len(episodes), 0, self.teacher.config.hidden_size, device=device)
+            t = teacher_logprobs(self.teacher, tb, no_latents, ids_BT, mask_BT, top_m=d.top_m, ids_BTM=student_ids)
+            delta = float(trajectory_margin(privilege(t.token_logp_BT, s_tok_BT, mask_BT), reward_B, mask_BT))
+        # 2. Student update: the same reverse KL(π_S ‖ π_T) on top-M + tail as LOPD's.
+        with self.timer("student_update"):
+            kl = masked_mean(topm_kl_per_token(s_logp_BTV.gather(-1, t.topm_ids_BTM), t.topm_logp_BTM), mask_BT)
+            norm = optimizer_step(self.opt_student, kl, list(self.student.parameters()), d.grad_clip)
+            self.student.eval()
+        return {"kl": kl.item(), "delta": delta, "student_grad_norm": norm, "new_successes": self.keep_successes(trajs)}
 
 
 # ----------------------------------------------------------------------------- building a method's trainer
 
 
 def make_trainer(p: Params, method: str, student, tokenizer, *, fresh_bank: bool = True, rounds: bool = True):
-    """The trainer of ``method`` ('lopd', 'grpo', 'sft') around a trainable ``student``.
+    """The trainer of ``method`` ('lopd', 'opsd', 'grpo', 'sft') around a trainable ``student``.
 
     LOPD loads a second copy of the base as the composer's backbone (the frozen teacher), the
     cold-start composer φ₀ (``models/composer``) and its anchor, and the retriever; with
@@ -315,21 +370,24 @@ def make_trainer(p: Params, method: str, student, tokenizer, *, fresh_bank: bool
         from lopd.sft import SFTTrainer
 
         return SFTTrainer(p, student, tokenizer, bank_episodes(p, tokenizer, read_bank(layout.bank_dir(p)), tasks_by_id), tasks_by_id)
-    if method != "lopd":
-        raise ParamsError(f"params: distill method {method!r} has no trainer (allowed: lopd, grpo, sft)")
+    if method not in ("lopd", "opsd"):
+        raise ParamsError(f"params: distill method {method!r} has no trainer (allowed: lopd, opsd, grpo, sft)")
 
     from lopd.composer import Composer, ComposerAnchor
     from lopd.modeling import load_policy
     from lopd.retrieval import open_retriever
 
-    backbone, _ = load_policy(layout.policy_path(p), p.model.dtype)
-    composer = Composer.load(backbone, tokenizer, layout.composer_dir(p)).eval()
-    anchor = None if p.composer.frozen else ComposerAnchor.from_dir(composer, layout.composer_dir(p))
-    bank_dir = distill_bank_dir(p) if rounds else None
+    backbone, _ = load_policy(layout.policy_path(p), p.model.dtype)  # the frozen teacher's weights
+    bank_dir = distill_bank_dir(p, method) if rounds else None
     if bank_dir is not None and (fresh_bank or not bank_dir.is_dir()):
         with atomic_path(bank_dir) as tmp:
             shutil.copytree(layout.bank_dir(p), tmp)
-        shutil.rmtree(distill_index_dir(p), ignore_errors=True)  # an index of an earlier run's bank
+        shutil.rmtree(distill_index_dir(p, method), ignore_errors=True)  # an index of an earlier run's bank
+    if method == "opsd":
+        backbone.eval().requires_grad_(False)
+        return OPSDTrainer(p, student, tokenizer, backbone, open_retriever(p), tasks_by_id, bank_dir)
+    composer = Composer.load(backbone, tokenizer, layout.composer_dir(p)).eval()
+    anchor = None if p.composer.frozen else ComposerAnchor.from_dir(composer, layout.composer_dir(p))
     return LOPDTrainer(p, student, tokenizer, composer, anchor, open_retriever(p), tasks_by_id, bank_dir)
 
 
@@ -500,6 +558,8 @@ def _summary(p: Params, method: str, state: LoopState, trainer) -> dict:
         out["step_ms"] = trainer.timer.per_step_ms()
     if method == "lopd" and state.history:
         out.update(beta_final=state.history[-1]["beta"], delta_final=state.history[-1]["delta"], kl_final=state.history[-1]["kl"])
+    if method == "opsd" and state.history:
+        out.update(delta_final=state.history[-1]["delta"], kl_final=state.history[-1]["kl"])
     out["_history"] = state.history  # for the plots; not written to the metrics file
     return out
 
@@ -612,13 +672,13 @@ def _check_inputs(p: Params, methods: Sequence[str]) -> None:
     base = layout.policy_path(p)
     if not (base / "config.json").exists():
         raise FileNotFoundError(f"distill: no base policy at {base}: run `lopd bootstrap` (or set model.path)")
-    if "lopd" in methods:
-        if not (layout.composer_dir(p) / "composer.json").exists():
-            raise FileNotFoundError(f"distill: method lopd needs the cold-start composer at {layout.composer_dir(p)}: run `lopd cold-start`")
-        if not (layout.index_dir(p) / INDEX_FILE).exists():
-            raise FileNotFoundError(f"distill: method lopd needs the retrieval index at {layout.index_dir(p)}: run `lopd index`")
-    if {"lopd", "sft"} & set(methods) and not any(layout.bank_dir(p).glob("round-*.parquet")):
-        raise FileNotFoundError(f"distill: methods lopd/sft need the experience bank at {layout.bank_dir(p)}: run `lopd collect`")
+    if "lopd" in methods and not (layout.composer_dir(p) / "composer.json").exists():
+        raise FileNotFoundError(f"distill: method lopd needs the cold-start composer at {layout.composer_dir(p)}: run `lopd cold-start`")
+    for m in ("lopd", "opsd"):
+        if m in methods and not (layout.index_dir(p) / INDEX_FILE).exists():
+            raise FileNotFoundError(f"distill: method {m} needs the retrieval index at {layout.index_dir(p)}: run `lopd index`")
+    if {"lopd", "opsd", "sft"} & set(methods) and not any(layout.bank_dir(p).glob("round-*.parquet")):
+        raise FileNotFoundError(f"distill: methods lopd/opsd/sft need the experience bank at {layout.bank_dir(p)}: run `lopd collect`")
 
 
 def run(p: Params, methods: Sequence[str] | None = None, resume: bool | None = None, stop_after: int | None = None) -> dict:

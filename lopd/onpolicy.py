@@ -24,7 +24,7 @@ import torch
 
 from lopd.config import Params, ParamsError
 
-METHODS = ("lopd", "grpo", "sft", "vanilla")
+METHODS = ("lopd", "opsd", "grpo", "sft", "vanilla")
 
 
 def rollout_budget(p: Params) -> int:

@@ -28,11 +28,10 @@ from typing import Sequence
 import torch
 
 from lopd import layout
-from lopd.chat import encode, render_prompt
 from lopd.config import Params
 from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, run_episode
 from lopd.lite import lite_text
-from lopd.teacher import TeacherPrompt, add_latent_placeholder, align_to_student, collate_teacher, teacher_logprobs
+from lopd.teacher import add_latent_placeholder, teacher_logprobs, text_teacher_batch
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +83,7 @@ def context_texts(p: Params, tasks: Sequence, retriever, bank) -> dict[str, dict
 @torch.no_grad()
 def context_logp(model, tokenizer, episodes, texts: Sequence[str | None], ids_BT, mask_BT) -> torch.Tensor:
     """``log π(a_t | s_t, context)`` at the episodes' action tokens (student layout), ``texts[i]`` in episode i's framing."""
-    examples = []
-    for e, text in zip(episodes, texts):
-        messages = e.messages if text is None else add_latent_placeholder(e.messages, placeholder=text)
-        prompt_ids = encode(tokenizer, render_prompt(tokenizer, messages))
-        examples.append(align_to_student(TeacherPrompt(prompt_ids, [0] * len(prompt_ids)), e.token_ids, e.action_mask, e.prompt_len))
-    batch = collate_teacher(examples, tokenizer.pad_token_id)
+    batch = text_teacher_batch(tokenizer, episodes, texts)
     device = next(model.parameters()).device
     no_latents = torch.zeros(len(episodes), 0, model.config.hidden_size, device=device)
     return teacher_logprobs(model, batch.to(device), no_latents, ids_BT.to(device), mask_BT.to(device)).token_logp_BT

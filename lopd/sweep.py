@@ -47,7 +47,7 @@ from lopd.stages import STAGES
 log = logging.getLogger(__name__)
 
 DEFAULT_SEEDS = (0, 1, 2)
-DEFAULT_METHODS = ("lopd", "grpo", "vanilla", "sft")
+DEFAULT_METHODS = ("lopd", "opsd", "grpo", "vanilla", "sft")
 
 # child metric name -> (stage whose result holds it, key in that stage's per-method result)
 METRICS: dict[str, tuple[str, str]] = {
@@ -64,7 +64,7 @@ METRICS: dict[str, tuple[str, str]] = {
 
 # The stages that do not depend on the sweep's seed, in pipeline order, and what each needs.
 SHARED_STAGES = ("bootstrap", "collect", "index", "cold_start")
-NEEDS = {"vanilla": ("bootstrap",), "grpo": ("bootstrap",), "sft": ("bootstrap", "collect"),
+NEEDS = {"vanilla": ("bootstrap",), "grpo": ("bootstrap",), "sft": ("bootstrap", "collect"), "opsd": ("bootstrap", "collect", "index"),
          "lopd": ("bootstrap", "collect", "index", "cold_start")}
 # Params each shared stage's outputs depend on (as in dvc.yaml); a recorded run with other values is stale.
 SHARED_PARAMS = {

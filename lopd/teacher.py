@@ -131,6 +131,21 @@ def collate_teacher(examples: Sequence[TeacherExample], pad_id: int) -> TeacherB
     return TeacherBatch(ids, attn, lat, act)
 
 
+def text_teacher_batch(tokenizer, episodes: Sequence, texts: Sequence[str | None]) -> TeacherBatch:
+    """Teacher rows with ``texts[i]`` *as text* in episode i's framing sentence (no latent slots).
+
+    ``None`` keeps the student's own prompt (no framing at all). Episodes carry ``messages``,
+    ``token_ids``, ``action_mask`` and ``prompt_len`` (``lopd.episodes.Episode``). The text-privilege
+    teacher (the ``opsd`` baseline) and the ``privilege`` stage score with these rows.
+    """
+    examples = []
+    for e, text in zip(episodes, texts, strict=True):
+        messages = e.messages if text is None else add_latent_placeholder(e.messages, placeholder=text)
+        prompt_ids = encode(tokenizer, render_prompt(tokenizer, messages))
+        examples.append(align_to_student(TeacherPrompt(prompt_ids, [0] * len(prompt_ids)), e.token_ids, e.action_mask, e.prompt_len))
+    return collate_teacher(examples, tokenizer.pad_token_id)
+
+
 # ----------------------------------------------------------------------------- scoring
 
 

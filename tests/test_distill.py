@@ -197,6 +197,51 @@ def test_round_end_appends_successes_and_rebuilds_the_index(project, tmp_path):
     assert tr.bank_version == 1 and not round_path(distill.distill_bank_dir(p), 2).exists()
 
 
+# ----------------------------------------------------------------------------- OPSD (text-privilege baseline)
+
+
+def test_opsd_step_distills_from_the_base_with_experiences_as_text(project):
+    """The teacher is the frozen base reading the retrieved experiences as text; only the student moves."""
+    from lopd.episodes import student_batch
+    from lopd.losses import masked_mean, topm_kl_per_token
+    from lopd.modeling import load_policy
+    from lopd.privilege import context_logp
+    from lopd.scoring import token_logprobs
+
+    student, tok = load_policy(layout.policy_path(project), project.model.dtype)
+    tr = distill.make_trainer(project, "opsd", student, tok)
+    assert isinstance(tr, distill.OPSDTrainer) and tr.composer is None and tr.opt_composer is None
+    assert not any(q.requires_grad for q in tr.teacher.parameters())
+    tasks, trajs = lopd_batch(project, tr)
+    episodes = to_episodes(project, tasks, trajs)
+    texts = ["\n\n".join(x) for x in tr.experiences(tasks)]
+    assert all(len(x) > 0 for x in texts)
+    ids_BT, attn_BT, mask_BT = student_batch(episodes, tok.pad_token_id)
+    # Expected loss, computed before the step from the same pieces: the teacher's log-probs with the
+    # experiences as text (the privilege stage's `retrieved_text`), student's reverse KL on its top-M.
+    with torch.no_grad():
+        t_tok_BT = context_logp(tr.teacher, tok, episodes, texts, ids_BT, mask_BT)
+        no_text_BT = context_logp(tr.teacher, tok, episodes, [None] * len(episodes), ids_BT, mask_BT)
+        s_logp_BTV, _ = token_logprobs(tr.student, ids_BT, attn_BT, mask_BT)
+    assert not torch.allclose(t_tok_BT[mask_BT.bool()], no_text_BT[mask_BT.bool()])  # the text reaches the teacher
+    teacher0, student0 = snapshot(tr.teacher.named_parameters()), snapshot(tr.student.named_parameters())
+
+    m = tr.step(0, tasks, trajs)
+    assert same(teacher0, snapshot(tr.teacher.named_parameters()))
+    assert not same(student0, snapshot(tr.student.named_parameters()))
+    assert {"kl", "delta", "new_successes"} <= set(m) and "beta" not in m and m["kl"] > 0
+    # The KL matches a recomputation on the pre-step student against the text teacher's top-M.
+    from lopd.teacher import teacher_logprobs, text_teacher_batch
+
+    with torch.no_grad():
+        t = teacher_logprobs(tr.teacher, text_teacher_batch(tok, episodes, texts), torch.zeros(len(episodes), 0, tr.teacher.config.hidden_size),
+                             ids_BT, mask_BT, top_m=project.distill.top_m)
+        kl = masked_mean(topm_kl_per_token(s_logp_BTV.gather(-1, t.topm_ids_BTM), t.topm_logp_BTM), mask_BT)
+    assert m["kl"] == pytest.approx(kl.item(), rel=1e-5)
+    assert torch.allclose(t.token_logp_BT, t_tok_BT)
+    assert tr.bank_dir == distill.distill_bank_dir(project, "opsd") != distill.distill_bank_dir(project)
+
+
 # ----------------------------------------------------------------------------- GRPO
 
 
@@ -254,7 +299,7 @@ def test_grpo_step_raises_the_better_rollout_and_clips(project):
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
-    """All four methods, two steps each, through ``distill.run``."""
+    """All five methods, two steps each, through ``distill.run``."""
     import mlflow
 
     import lopd.embed
@@ -265,7 +310,7 @@ def full_run(tmp_path_factory):
     mp.setattr(lopd.tracking, "stage_run", lambda *a, **k: contextlib.nullcontext())
     for fn in ("log_metrics", "log_metric", "log_artifact", "log_text"):
         mp.setattr(mlflow, fn, lambda *a, **k: None)
-    p = build_project(tmp_path_factory.mktemp("full"), "distill.methods=[lopd,grpo,sft,vanilla]")
+    p = build_project(tmp_path_factory.mktemp("full"), "distill.methods=[lopd,opsd,grpo,sft,vanilla]")
     out = distill.run(p)
     mp.undo()
     return p, out
@@ -275,11 +320,12 @@ def test_every_method_spends_the_same_budget(full_run):
     p, out = full_run
     budget = rollout_budget(p)
     assert budget == p.distill.steps * p.distill.batch_tasks == out["budget"]
-    for m in ("lopd", "grpo", "sft"):
+    for m in ("lopd", "opsd", "grpo", "sft"):
         assert out[m]["rollouts"] == budget == out["details"][m]["rollouts"]
         assert [pt["rollouts_cum"] for pt in out["details"][m]["curve"]] == [0, 4, 8]  # eval every step, same grid
     assert out["vanilla"]["rollouts"] == 0 and out["grpo_budget"] == budget
     assert {"beta_final", "delta_final"} <= set(out["lopd"]) and "beta_final" not in out["grpo"]
+    assert "delta_final" in out["opsd"] and "beta_final" not in out["opsd"]
     curve = pd.read_csv(distill.curve_path(p))
     assert list(curve["rollouts_cum"]) == [0, 4, 8] and {"lopd_dev_reward", "grpo_dev_reward", "vanilla_dev_reward"} <= set(curve)
     saved = json.loads(layout.metrics_path(p, "distill").read_text())
