@@ -65,10 +65,6 @@ def main() -> None:
         raise SystemExit(f"error: --grpo-shapes {a.grpo_shapes!r}: write shapes as GxU, e.g. 4x1,8x2")
     out = p.root() / "metrics" / "lr_grid.json"
     rows = json.loads(out.read_text())["rows"] if a.merge and out.exists() else []
-    for r in rows:  # rows written before shapes were recorded ran at the profile's shape
-        if r["method"] == "grpo":
-            r.setdefault("group_size", p.grpo.group_size)
-            r.setdefault("updates_per_batch", p.grpo.updates_per_batch)
 
     def run(method: str, lr: float, shape: tuple[int, int] | None = None) -> None:
         q = tuned_params(p, method, lr, shape)

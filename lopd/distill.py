@@ -139,32 +139,28 @@ def _round_numbers(bank_dir: Path) -> list[int]:
     return sorted(int(f.stem.split("-")[1]) for f in bank_dir.glob("round-*.parquet"))
 
 
-# ----------------------------------------------------------------------------- LOPD
+# ----------------------------------------------------------------------------- LOPD and its text-privilege baseline
 
 
-class LOPDTrainer:
-    """Student + composer + β; ``step`` consumes one batch of student rollouts (one per task)."""
+class BankDistiller:
+    """What LOPD and its text-privilege baseline share: a trainable student, retrieval of ``n_ret``
+    experiences per task, and a bank of their own that grows by the student's successes each round.
 
-    name = "lopd"
+    Subclasses set ``name`` and implement ``step``; one student rollout per task.
+    """
+
+    name = ""
     samples_per_task = 1
 
-    def __init__(self, p: Params, student, tokenizer, composer, anchor, retriever, tasks_by_id: dict, bank_dir: Path | None = None):
+    def __init__(self, p: Params, student, tokenizer, retriever, tasks_by_id: dict, bank_dir: Path | None, lr: float):
         self.p, self.student, self.tokenizer = p, student, tokenizer
-        self.composer, self.anchor, self.retriever = composer, anchor, retriever
-        self.tasks_by_id, self.bank_dir = tasks_by_id, bank_dir
+        self.retriever, self.tasks_by_id, self.bank_dir = retriever, tasks_by_id, bank_dir
         self.tasks_per_step = p.distill.batch_tasks
-        self.opt_student = make_adam(student.parameters(), p.distill.student_lr)
-        self.phi = composer.trainable_parameters()
-        self.opt_composer = None if p.composer.frozen else make_adam(self.phi, p.distill.composer_lr)
-        self.beta = p.distill.beta0
+        self.opt_student = make_adam(student.parameters(), lr)
         self.pending: list[dict] = []  # this round's successes (bank rows), appended at the round's end
         self.bank_version = max(_round_numbers(bank_dir)) if bank_dir is not None and bank_dir.is_dir() else 0
         self.added_rounds: list[int] = []
         self.timer = Timer()
-
-    @property
-    def n_latents(self) -> int:
-        return self.p.retrieval.n_ret * self.p.composer.num_latents
 
     def experiences(self, tasks: Sequence) -> list[list[str]]:
         """``n_ret`` retrieved observation-lite texts per task (never the task itself, never dev/test)."""
@@ -175,6 +171,75 @@ class LOPDTrainer:
             raise ValueError(f"retrieval found fewer than retrieval.n_ret = {n_ret} bank entries for {short[:3]}: "
                              "the bank is too small (collect more successes, or lower retrieval.n_ret)")
         return [[h["lite_text"] for h in row] for row in hits]
+
+    def keep_successes(self, trajs: Sequence) -> float:
+        """Successes wait for the end of the round to join the bank (spec: iterative bank); returns their count."""
+        if self.bank_dir is not None:
+            from lopd.collect import bank_frame
+
+            rows = bank_frame(list(trajs), self.tasks_by_id, f"distill-{self.name}", self.bank_version + 1)
+            self.pending += rows.to_dict("records")
+        return float(sum(tr.success for tr in trajs))
+
+    def end_round(self, round_: int) -> None:
+        """The round's successes become bank round file ``bank_version + 1``; the index is rebuilt over it."""
+        from lopd.bank import append_round
+        from lopd.collect import BANK_COLUMNS
+        from lopd.retrieval import held_out_task_ids
+
+        rows, self.pending = pd.DataFrame(self.pending, columns=list(BANK_COLUMNS)), []
+        if self.bank_dir is None or rows.empty:
+            return
+        added = append_round(self.bank_dir, rows, self.bank_version + 1, self.p.env.success_threshold,
+                             forbidden_task_ids=held_out_task_ids(self.p))
+        if len(added):
+            self.bank_version += 1
+            self.added_rounds.append(self.bank_version)
+            self.retriever = refresh_retriever(self.p, self.bank_dir, distill_index_dir(self.p, self.name), self.retriever.embedder)
+            log.info("distill round %d: %d new successes joined the bank (round file %d)", round_, len(added), self.bank_version)
+
+    # -- checkpointing
+
+    def save(self, path: Path) -> None:
+        self.student.save_pretrained(path / "student")
+        self.tokenizer.save_pretrained(path / "student")
+
+    def state_dict(self) -> dict:
+        return {
+            "opt_student": self.opt_student.state_dict(),
+            "pending": self.pending,
+            "bank_version": self.bank_version,
+            "added_rounds": self.added_rounds,
+        }
+
+    def load_state_dict(self, state: dict, path: Path | None = None) -> None:
+        """Restore from a checkpoint; round files written after it are dropped (they will be written again)."""
+        self.opt_student.load_state_dict(state["opt_student"])
+        self.pending = list(state["pending"])
+        self.bank_version, self.added_rounds = int(state["bank_version"]), list(state["added_rounds"])
+        if self.bank_dir is not None:
+            for n in _round_numbers(self.bank_dir):
+                if n > self.bank_version:
+                    (self.bank_dir / f"round-{n:03d}.parquet").unlink()
+            if self.added_rounds:
+                self.retriever = refresh_retriever(self.p, self.bank_dir, distill_index_dir(self.p, self.name), self.retriever.embedder)
+
+
+class LOPDTrainer(BankDistiller):
+    """Student + composer + β; ``step`` consumes one batch of student rollouts (one per task)."""
+
+    name = "lopd"
+
+    def __init__(self, p: Params, student, tokenizer, composer, anchor, retriever, tasks_by_id: dict, bank_dir: Path | None = None):
+        super().__init__(p, student, tokenizer, retriever, tasks_by_id, bank_dir, p.distill.student_lr)
+        self.composer, self.anchor = composer, anchor
+        self.phi = composer.trainable_parameters()
+        self.opt_composer = None if p.composer.frozen else make_adam(self.phi, p.distill.composer_lr)
+        self.beta = p.distill.beta0
+
+    @property
+    def n_latents(self) -> int:
+        return self.p.retrieval.n_ret * self.p.composer.num_latents
 
     def step(self, step: int, tasks: Sequence, trajs: Sequence) -> dict[str, float]:
         p, d = self.p, self.p.distill
@@ -237,68 +302,27 @@ class LOPDTrainer:
         out["new_successes"] = self.keep_successes(trajs)
         return out
 
-    def keep_successes(self, trajs: Sequence) -> float:
-        """Successes wait for the end of the round to join the bank (spec: iterative bank); returns their count."""
-        if self.bank_dir is not None:
-            from lopd.collect import bank_frame
-
-            rows = bank_frame(list(trajs), self.tasks_by_id, f"distill-{self.name}", self.bank_version + 1)
-            self.pending += rows.to_dict("records")
-        return float(sum(tr.success for tr in trajs))
-
-    def end_round(self, round_: int) -> None:
-        """The round's successes become bank round file ``bank_version + 1``; the index is rebuilt over it."""
-        from lopd.bank import append_round
-        from lopd.collect import BANK_COLUMNS
-        from lopd.retrieval import held_out_task_ids
-
-        rows, self.pending = pd.DataFrame(self.pending, columns=list(BANK_COLUMNS)), []
-        if self.bank_dir is None or rows.empty:
-            return
-        added = append_round(self.bank_dir, rows, self.bank_version + 1, self.p.env.success_threshold,
-                             forbidden_task_ids=held_out_task_ids(self.p))
-        if len(added):
-            self.bank_version += 1
-            self.added_rounds.append(self.bank_version)
-            self.retriever = refresh_retriever(self.p, self.bank_dir, distill_index_dir(self.p, self.name), self.retriever.embedder)
-            log.info("distill round %d: %d new successes joined the bank (round file %d)", round_, len(added), self.bank_version)
-
     # -- checkpointing
 
     def save(self, path: Path) -> None:
-        self.student.save_pretrained(path / "student")
-        self.tokenizer.save_pretrained(path / "student")
+        super().save(path)
         if self.opt_composer is not None:
             self.composer.save(path / "composer")
 
     def state_dict(self) -> dict:
-        return {
-            "opt_student": self.opt_student.state_dict(),
-            "opt_composer": self.opt_composer.state_dict() if self.opt_composer is not None else None,
-            "beta": self.beta,
-            "pending": self.pending,
-            "bank_version": self.bank_version,
-            "added_rounds": self.added_rounds,
-        }
+        return {**super().state_dict(), "beta": self.beta,
+                "opt_composer": self.opt_composer.state_dict() if self.opt_composer is not None else None}
 
     def load_state_dict(self, state: dict, path: Path | None = None) -> None:
-        """Restore from a checkpoint; round files written after it are dropped (they will be written again)."""
-        self.opt_student.load_state_dict(state["opt_student"])
         if self.opt_composer is not None:
             if path is not None:
                 self.composer.load_weights(path / "composer")
             self.opt_composer.load_state_dict(state["opt_composer"])
-        self.beta, self.pending = float(state["beta"]), list(state["pending"])
-        self.bank_version, self.added_rounds = int(state["bank_version"]), list(state["added_rounds"])
-        if self.bank_dir is not None:
-            for n in _round_numbers(self.bank_dir):
-                if n > self.bank_version:
-                    (self.bank_dir / f"round-{n:03d}.parquet").unlink()
-            if self.added_rounds:
-                self.retriever = refresh_retriever(self.p, self.bank_dir, distill_index_dir(self.p, self.name), self.retriever.embedder)
+        self.beta = float(state["beta"])
+        super().load_state_dict(state, path)
 
 
-class OPSDTrainer(LOPDTrainer):
+class OPSDTrainer(BankDistiller):
     """The text-privilege baseline (OPSD / SDPO / Skill-SD family): LOPD with the experiences as text.
 
     Everything is LOPD's (retrieval of ``n_ret`` experiences, the growing bank, the student's
@@ -311,14 +335,8 @@ class OPSDTrainer(LOPDTrainer):
     name = "opsd"
 
     def __init__(self, p: Params, student, tokenizer, teacher, retriever, tasks_by_id: dict, bank_dir: Path | None = None):
-        self.p, self.student, self.tokenizer, self.teacher = p, student, tokenizer, teacher
-        self.composer = self.anchor = self.opt_composer = None
-        self.retriever, self.tasks_by_id, self.bank_dir = retriever, tasks_by_id, bank_dir
-        self.tasks_per_step = p.distill.batch_tasks
-        self.opt_student = make_adam(student.parameters(), p.distill.opsd_lr)
-        self.beta = 0.0  # no margin constraint; kept so checkpoints share LOPD's layout
-        self.pending, self.added_rounds, self.timer = [], [], Timer()
-        self.bank_version = max(_round_numbers(bank_dir)) if bank_dir is not None and bank_dir.is_dir() else 0
+        super().__init__(p, student, tokenizer, retriever, tasks_by_id, bank_dir, p.distill.opsd_lr)
+        self.teacher = teacher  # the frozen base
 
     def step(self, step: int, tasks: Sequence, trajs: Sequence) -> dict[str, float]:
         p, d = self.p, self.p.distill
@@ -433,8 +451,10 @@ def _save_checkpoint(p: Params, method: str, trainer, state: LoopState) -> None:
             "params_hash": comparable_hash(p),
         }, tmp / STATE_FILE)
         meta = {"method": method, "step": state.step, "rollouts_used": state.rollouts_used, "params_hash": comparable_hash(p)}
-        if hasattr(trainer, "beta"):
-            meta.update(beta=trainer.beta, bank_version=trainer.bank_version)
+        if isinstance(trainer, BankDistiller):
+            meta["bank_version"] = trainer.bank_version
+        if isinstance(trainer, LOPDTrainer):
+            meta["beta"] = trainer.beta
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
