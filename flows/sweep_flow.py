@@ -22,10 +22,11 @@ def sweep_flow(
     overrides: list[str] | None = None,
     seeds: list[int] = [0, 1, 2],  # noqa: B006 - Prefect parameters: the defaults are copied per run
     methods: list[str] = ["lopd", "opsd", "grpo", "vanilla", "sft"],  # noqa: B006
+    name: str = "sweep",
 ) -> dict:
     """``lopd sweep``: returns what ``lopd.sweep.run`` returns (parent run id, per-seed metrics, aggregate)."""
     p = load_params(params_path, None if profile in ("", "none") else profile, overrides or [])
-    return sweep.run(p, list(seeds), list(methods))
+    return sweep.run(p, list(seeds), list(methods), name)
 
 
 if __name__ == "__main__":
@@ -34,6 +35,7 @@ if __name__ == "__main__":
     ap.add_argument("--profile", default=DEFAULT_PROFILE)
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--methods", default="lopd,grpo,vanilla,sft")
+    ap.add_argument("--methods", default=",".join(sweep.DEFAULT_METHODS))
+    ap.add_argument("--name", default="sweep")
     a = ap.parse_args()
-    sweep_flow(a.params, a.profile, a.overrides, sweep.parse_seeds(a.seeds), sweep.parse_methods(a.methods))
+    sweep_flow(a.params, a.profile, a.overrides, sweep.parse_seeds(a.seeds), sweep.parse_methods(a.methods), sweep.check_name(a.name))

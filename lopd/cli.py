@@ -33,7 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep = sub.add_parser("sweep", help="distill + evaluate every method at every seed; mean ± std and t-intervals in MLflow and metrics/sweep.*")
     _common(sweep)
     sweep.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default: 0,1,2)")
-    sweep.add_argument("--methods", default="lopd,grpo,vanilla,sft", help="comma-separated methods (default: lopd,grpo,vanilla,sft)")
+    sweep.add_argument("--methods", default="lopd,opsd,grpo,vanilla,sft", help="comma-separated methods (default: lopd,opsd,grpo,vanilla,sft)")
+    sweep.add_argument("--name", default="sweep", help="the sweep's name: seeds under runs/<name>/, tables metrics/<name>.{md,csv,json} "
+                                                       "(e.g. --name margin0 --set distill.margin=0 for an ablation; default: sweep)")
     for name in STAGES:
         stage = sub.add_parser(name.replace("_", "-"), help=f"run the {name} stage")
         _common(stage)
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         from lopd import sweep
 
         try:  # bad --seeds / --methods fail here, before any compute
-            seeds, methods = sweep.parse_seeds(args.seeds), sweep.parse_methods(args.methods)
+            seeds, methods, name = sweep.parse_seeds(args.seeds), sweep.parse_methods(args.methods), sweep.check_name(args.name)
         except ParamsError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -92,11 +94,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "sweep":
         try:
-            result = sweep.run(params, seeds, methods)
+            result = sweep.run(params, seeds, methods, name)
         except (ParamsError, DataValidationError, FileNotFoundError, sweep.SweepError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2 if isinstance(e, ParamsError) else 1
-        print((params.root() / "metrics" / "sweep.md").read_text(), end="")
+        print((params.root() / "metrics" / f"{name}.md").read_text(), end="")
         logging.getLogger("lopd").info("sweep: MLflow parent run %s; tables in %s", result["parent_run_id"], params.root() / "metrics")
         return 0
 

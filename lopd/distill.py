@@ -63,6 +63,9 @@ from lopd.teacher import teacher_logprobs, text_teacher_batch
 log = logging.getLogger(__name__)
 
 STATE_FILE = "state.pt"
+# The per-step numbers kept in metrics/distill.json (details.<method>.history).
+HISTORY_KEYS = ("step", "rollouts_cum", "train_wall_s", "reward_mean", "success_rate", "kl", "delta", "margin_violation",
+                "beta", "anchor", "student_grad_norm", "composer_grad_norm", "new_successes", "loss")
 HEADLINE = ("rollouts", "final_dev_reward", "final_dev_success", "final_dev_success_pretrain", "final_dev_success_new",
             "beta_final", "delta_final")
 
@@ -580,7 +583,8 @@ def _summary(p: Params, method: str, state: LoopState, trainer) -> dict:
         out.update(beta_final=state.history[-1]["beta"], delta_final=state.history[-1]["delta"], kl_final=state.history[-1]["kl"])
     if method == "opsd" and state.history:
         out.update(delta_final=state.history[-1]["delta"], kl_final=state.history[-1]["kl"])
-    out["_history"] = state.history  # for the plots; not written to the metrics file
+    # Per-step training record (β, Δ, KL, margin violation, rewards, wall-clock): the sweep's curves read it.
+    out["history"] = [{k: (None if v != v else v) for k, v in h.items() if k in HISTORY_KEYS} for h in state.history]  # NaN → null (JSON)
     return out
 
 
@@ -648,7 +652,7 @@ def plot_curves(results: dict, out_dir: Path) -> list[Path]:
     ax.legend()
     paths.append(_save(plt, fig, out_dir / "dev_reward_vs_rollouts.png"))
 
-    hist = results.get("lopd", {}).get("_history")
+    hist = results.get("lopd", {}).get("history")
     if hist:
         h = pd.DataFrame(hist)
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.5))

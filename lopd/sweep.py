@@ -33,6 +33,7 @@ import io
 import logging
 import math
 import os
+import re
 import shutil
 import statistics
 from pathlib import Path
@@ -74,6 +75,8 @@ SHARED_PARAMS = {
     "cold_start": ("seed", "model.path", "model.dtype", "env", "rollout", "retrieval", "composer", "cold_start",
                    "bank.min_size", "distill.grad_clip"),
 }
+# Keys inside those sections that only distillation reads (an ablation may change them over shared outputs).
+DISTILL_ONLY = ("composer.frozen",)
 # Shared outputs a seed root links to (relative to paths.root).
 SHARED_LINKS = ("models/base", "models/composer", "data/bank", "data/index", ".cache/embeddings")
 
@@ -174,20 +177,27 @@ def csv_table(agg: Mapping[str, Mapping[str, dict]], per_seed: Mapping[str, Mapp
 # ----------------------------------------------------------------------------- where things live
 
 
-def sweep_root(p: Params) -> Path:
-    return p.root() / "runs" / "sweep"
+def check_name(name: str) -> str:
+    """A sweep's name: its folder under ``runs/`` and its tables' stem in ``metrics/`` (``sweep``, ``margin0``, ...)."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", name or ""):
+        raise ParamsError(f"--name {name!r}: use lowercase letters, digits, '-' and '_' (e.g. --name margin0)")
+    return name
 
 
-def seed_root(p: Params, seed: int) -> Path:
+def sweep_root(p: Params, name: str = "sweep") -> Path:
+    return p.root() / "runs" / check_name(name)
+
+
+def seed_root(p: Params, seed: int, name: str = "sweep") -> Path:
     """A seed's own output root: its students, checkpoints, LOPD's growing bank, its metrics."""
-    return sweep_root(p) / f"seed{seed}"
+    return sweep_root(p, name) / f"seed{seed}"
 
 
-def seed_params(p: Params, seed: int, methods: Sequence[str], uri: str) -> Params:
+def seed_params(p: Params, seed: int, methods: Sequence[str], uri: str, name: str = "sweep") -> Params:
     """``p`` with ``seed``, the seed's root, ``distill.methods = methods`` and the sweep's MLflow store."""
     d = p.model_dump()
     d["seed"] = seed
-    d["paths"]["root"] = str(seed_root(p, seed))
+    d["paths"]["root"] = str(seed_root(p, seed, name))
     d["distill"]["methods"] = list(methods)
     d["tracking"]["tracking_uri"] = uri  # the seed root must not get a store of its own
     return validate_params(d)
@@ -248,7 +258,7 @@ def stale_keys(p: Params, stage: str) -> list[str]:
         return []
     if not recorded:
         return []
-    want = _selected(p.flat(), keys)
+    want = {k: v for k, v in _selected(p.flat(), keys).items() if k not in DISTILL_ONLY}
     return sorted(k for k, v in want.items() if recorded.get(k, v) != v)
 
 
@@ -289,11 +299,13 @@ def child_metrics(method: str, distill: Mapping, evaluate: Mapping) -> dict[str,
     return out
 
 
-def run(p: Params, seeds: Sequence[int] | str = DEFAULT_SEEDS, methods: Sequence[str] | str = DEFAULT_METHODS) -> dict:
+def run(p: Params, seeds: Sequence[int] | str = DEFAULT_SEEDS, methods: Sequence[str] | str = DEFAULT_METHODS,
+        name: str = "sweep") -> dict:
     """Every method of ``methods`` at every seed of ``seeds``; returns (and writes) the aggregate.
 
-    Writes ``metrics/sweep.{json,csv,md}`` under ``paths.root``; see the module docstring for
-    the MLflow layout.
+    Writes ``metrics/<name>.{json,csv,md}`` under ``paths.root`` (``name`` also names the seeds'
+    folder ``runs/<name>``, so an ablation such as ``--name margin0 --set distill.margin=0``
+    never overwrites the main sweep); see the module docstring for the MLflow layout.
     """
     from mlflow.entities import Metric, Param, RunStatus, RunTag
     from mlflow.tracking import MlflowClient
@@ -301,16 +313,16 @@ def run(p: Params, seeds: Sequence[int] | str = DEFAULT_SEEDS, methods: Sequence
 
     from lopd.tracking import bank_tags, ensure_experiment, param_value, run_context, run_tags, tracking_uri
 
-    seeds, methods = parse_seeds(seeds), parse_methods(methods)
+    seeds, methods, name = parse_seeds(seeds), parse_methods(methods), check_name(name)
     uri = tracking_uri(p)
     for k in seeds:  # every seed's params are valid (and the methods fit them) before any compute
-        check_methods(seed_params(p, k, methods, uri), methods)
+        check_methods(seed_params(p, k, methods, uri, name), methods)
     shared = plan_shared(p, methods)
     ci = p.evaluate.ci
     experiment_id = ensure_experiment(p)
     client = MlflowClient(uri)
-    sweep_name = f"sweep-{p.profile or 'none'}"
-    base_tags = {"stage": "sweep", "sweep_seeds": ",".join(map(str, seeds)), "sweep_methods": ",".join(methods)}
+    sweep_name = f"{name}-{p.profile or 'none'}"
+    base_tags = {"stage": "sweep", "sweep_name": name, "sweep_seeds": ",".join(map(str, seeds)), "sweep_methods": ",".join(methods)}
     parent = client.create_run(experiment_id, run_name=sweep_name,
                                tags={MLFLOW_RUN_NAME: sweep_name, **run_tags(p), **base_tags,
                                      "seed": ",".join(map(str, seeds)), "shared_seed": str(p.seed)})
@@ -330,14 +342,14 @@ def run(p: Params, seeds: Sequence[int] | str = DEFAULT_SEEDS, methods: Sequence
         per_seed: dict[str, dict[int, dict[str, float]]] = {m: {} for m in methods}
         children: dict[str, dict[int, str]] = {m: {} for m in methods}
         for k in seeds:
-            ps = seed_params(p, k, methods, uri)
+            ps = seed_params(p, k, methods, uri, name)
             ps.root().mkdir(parents=True, exist_ok=True)
             link_shared(p, ps)
             kids = {}
             for m in methods:
-                name = f"sweep-{m}-seed{k}"
-                run = client.create_run(experiment_id, run_name=name, tags={
-                    MLFLOW_RUN_NAME: name, MLFLOW_PARENT_RUN_ID: parent_id, **run_tags(ps), **base_tags,
+                child = f"{name}-{m}-seed{k}"
+                run = client.create_run(experiment_id, run_name=child, tags={
+                    MLFLOW_RUN_NAME: child, MLFLOW_PARENT_RUN_ID: parent_id, **run_tags(ps), **base_tags,
                     "method": m, "sweep_run_id": parent_id})
                 kids[m] = run.info.run_id
                 open_runs.append(kids[m])
@@ -358,6 +370,7 @@ def run(p: Params, seeds: Sequence[int] | str = DEFAULT_SEEDS, methods: Sequence
             "parent_run_id": parent_id,
             "experiment_id": experiment_id,
             "tracking_uri": uri,
+            "name": name,
             "profile": p.profile,
             "seeds": seeds,
             "methods": methods,
@@ -368,9 +381,9 @@ def run(p: Params, seeds: Sequence[int] | str = DEFAULT_SEEDS, methods: Sequence
             "children": {m: {str(k): v for k, v in by.items()} for m, by in children.items()},
         }
         out_dir = p.root() / "metrics"
-        write_json(out_dir / "sweep.json", result)
-        for name, text in (("sweep.csv", csv_table(agg, per_seed, seeds)), ("sweep.md", markdown_table(agg, seeds, ci))):
-            with atomic_path(out_dir / name) as tmp:
+        write_json(out_dir / f"{name}.json", result)
+        for fname, text in ((f"{name}.csv", csv_table(agg, per_seed, seeds)), (f"{name}.md", markdown_table(agg, seeds, ci))):
+            with atomic_path(out_dir / fname) as tmp:
                 tmp.write_text(text)
         stats = []
         for m, row in agg.items():
@@ -379,8 +392,8 @@ def run(p: Params, seeds: Sequence[int] | str = DEFAULT_SEEDS, methods: Sequence
                     if a[f] is not None and a[f] == a[f]:
                         stats.append(Metric(f"{m}/{metric}/{f}", float(a[f]), _now_ms(), 0))
         client.log_batch(parent_id, metrics=stats, tags=[RunTag("n_children", str(len(methods) * len(seeds)))])
-        for name in ("sweep.md", "sweep.csv", "sweep.json"):
-            client.log_artifact(parent_id, str(out_dir / name))
+        for fname in (f"{name}.md", f"{name}.csv", f"{name}.json"):
+            client.log_artifact(parent_id, str(out_dir / fname))
         client.set_terminated(parent_id, RunStatus.to_string(RunStatus.FINISHED))
         open_runs.remove(parent_id)
         return result
