@@ -1,8 +1,10 @@
-"""Benchmark: one LOPD step split into its phases, beside one GRPO step at the same generations.
+"""Benchmark: one LOPD step split into its phases, beside one OPSD and one GRPO step at the same generations.
 
 LOPD: rollout (``batch_tasks`` tasks × 1) / retrieval / teacher scoring (composer + teacher
 forward, no grad) / student update (forward + KL backward + Adam) / composer update (composer
-and teacher forward with grad + Lagrangian backward + Adam). GRPO: rollout (``batch_tasks / G``
+and teacher forward with grad + Lagrangian backward + Adam). OPSD (text privilege): the same
+phases without the composer: its teacher scoring is the base's forward over the experiences
+written as text (a longer prompt than LOPD's n_ret × K latents). GRPO: rollout (``batch_tasks / G``
 of the same step's tasks × G) / policy update (π_old recompute + ``grpo.updates_per_batch``
 clipped-ratio steps). Same step index, so the same tasks; the first step of each method is a
 warm-up and is not timed. On a shared CPU, read the ratios rather than the absolute times.
@@ -29,6 +31,7 @@ from lopd.policy import make_engine, split_tasks
 
 LOPD_PHASES = ("rollout", "retrieval", "teacher_scoring", "student_update", "composer_update")
 GRPO_PHASES = ("rollout", "policy_update")
+METHODS = {"lopd": LOPD_PHASES, "opsd": LOPD_PHASES[:-1], "grpo": GRPO_PHASES}
 
 
 def time_steps(p, trainer, steps: int) -> tuple[dict[str, float], int]:
@@ -56,10 +59,10 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     a = ap.parse_args()
     p = load_params(a.params, a.profile, a.overrides)
-    _check_inputs(p, ["lopd", "grpo"])
+    _check_inputs(p, list(METHODS))
 
     rows = {}
-    for method, phases in (("lopd", LOPD_PHASES), ("grpo", GRPO_PHASES)):
+    for method, phases in METHODS.items():
         student, tok = load_policy(layout.policy_path(p), p.model.dtype)
         trainer = make_trainer(p, method, student, tok, rounds=False)
         ms, tokens = time_steps(p, trainer, a.steps)
@@ -70,17 +73,18 @@ def main() -> None:
     print(f"model: {layout.policy_path(p)}  batch: {d.batch_tasks} generations/step  G: {p.grpo.group_size}  "
           f"n_ret×K: {p.retrieval.n_ret}×{p.composer.num_latents}  top-M: {d.top_m}  composer frozen: {p.composer.frozen}  "
           f"threads: {torch.get_num_threads()}  timed steps: {a.steps} (shared CPU: compare ratios)")
-    print(f"{'phase':18s}{'LOPD ms/step':>14s}{'share':>8s}{'GRPO ms/step':>14s}{'share':>8s}")
+    print(f"{'phase':18s}" + "".join(f"{m.upper() + ' ms/step':>15s}{'share':>7s}" for m in METHODS))
     totals = {m: sum(r[0].values()) for m, r in rows.items()}
     for ph in dict.fromkeys(LOPD_PHASES + GRPO_PHASES):
         cells = []
-        for m in ("lopd", "grpo"):
+        for m in METHODS:
             v = rows[m][0].get(ph)
-            cells.append(f"{v:>14.1f}{v / totals[m]:>8.0%}" if v is not None else f"{'—':>14s}{'':>8s}")
+            cells.append(f"{v:>15.1f}{v / totals[m]:>7.0%}" if v is not None else f"{'—':>15s}{'':>7s}")
         print(f"{ph:18s}{''.join(cells)}")
-    print(f"{'total':18s}{totals['lopd']:>14.1f}{'':>8s}{totals['grpo']:>14.1f}")
-    print(f"generated tokens/step: LOPD {rows['lopd'][1]}, GRPO {rows['grpo'][1]}; "
+    print(f"{'total':18s}" + "".join(f"{totals[m]:>15.1f}{'':>7s}" for m in METHODS))
+    print("generated tokens/step: " + ", ".join(f"{m.upper()} {rows[m][1]}" for m in METHODS) + "; "
           f"LOPD/GRPO step time {totals['lopd'] / max(totals['grpo'], 1e-9):.2f}x; "
+          f"LOPD/OPSD {totals['lopd'] / max(totals['opsd'], 1e-9):.2f}x; "
           f"LOPD training overhead over its rollout {(totals['lopd'] - rows['lopd'][0]['rollout']) / max(rows['lopd'][0]['rollout'], 1e-9):.2f}x")
 
 

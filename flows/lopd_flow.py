@@ -29,6 +29,7 @@ from prefect.cache_policies import CachePolicy
 from lopd import layout
 from lopd.config import DEFAULT_PROFILE, Params, ParamsError, load_params
 from lopd.stages import STAGES
+from lopd.tracking import pipeline_run
 
 
 @dataclass(frozen=True)
@@ -169,9 +170,10 @@ def lopd_flow(params_path: str = "params.yaml", profile: str = DEFAULT_PROFILE, 
     Bootstrap adopts ``model.path`` when it is set (a real checkpoint: nothing is trained)."""
     p = load_params(params_path, None if profile in ("", "none") else profile, overrides or [])
     results = {}
-    for name, fn in STAGES.items():
-        # Built when the stage is about to run, so the outputs check sees what earlier stages wrote.
-        results[name] = stage_task(name, fn, p)(p)
+    with pipeline_run(p, "flow"):  # one MLflow parent run; each stage's run nests under it
+        for name, fn in STAGES.items():
+            # Built when the stage is about to run, so the outputs check sees what earlier stages wrote.
+            results[name] = stage_task(name, fn, p)(p)
     return results
 
 

@@ -11,7 +11,7 @@ import argparse
 
 from prefect import flow
 
-from lopd import sweep
+from lopd import sweep, sweep_report
 from lopd.config import DEFAULT_PROFILE, load_params
 
 
@@ -26,7 +26,8 @@ def sweep_flow(
 ) -> dict:
     """``lopd sweep``: returns what ``lopd.sweep.run`` returns (parent run id, per-seed metrics, aggregate)."""
     p = load_params(params_path, None if profile in ("", "none") else profile, overrides or [])
-    return sweep.run(p, list(seeds), list(methods), name)
+    result = sweep.run(p, list(seeds), list(methods), name)
+    return {**result, **sweep_report.build(p, name=name)}
 
 
 if __name__ == "__main__":

@@ -67,7 +67,11 @@ class HFBackend:
             return_dict_in_generate=True,
             output_scores=True,
         )
-        new_BN = out.sequences[:, width:].cpu()
+        return self._generations(out.sequences[:, width:], out)
+
+    def _generations(self, new_BN: torch.Tensor, out) -> list[Generation]:
+        """``generate``'s output → one :class:`Generation` per row, cut after its first stop token."""
+        new_BN = new_BN.cpu()
         # Scores are the processed (temperature, top-p) logits, so these are sampling log-probs.
         logp_BN = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True).cpu()
         stop = torch.tensor(self.stop_ids)

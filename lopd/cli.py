@@ -7,6 +7,7 @@ validates the resolved params before any compute.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -15,6 +16,7 @@ import time
 
 from lopd.config import DEFAULT_PROFILE, ParamsError, load_params
 from lopd.stages import STAGES
+from lopd.tracking import pipeline_run
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -36,6 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--methods", default="lopd,opsd,grpo,vanilla,sft", help="comma-separated methods (default: lopd,opsd,grpo,vanilla,sft)")
     sweep.add_argument("--name", default="sweep", help="the sweep's name: seeds under runs/<name>/, tables metrics/<name>.{md,csv,json} "
                                                        "(e.g. --name margin0 --set distill.margin=0 for an ablation; default: sweep)")
+    report = sub.add_parser("sweep-report", help="efficiency, curves (mean ± std over seeds) and ablation rows of a finished sweep: "
+                                                 "metrics/<name>.{json,md}, metrics/plots/*.png, logged to its MLflow parent run")
+    _common(report)
+    report.add_argument("--name", default="sweep", help="the main sweep's name (default: sweep)")
+    report.add_argument("--ablation", action="append", default=[], metavar="NAME|JSON",
+                        help="an ablation sweep over the same seeds: its --name under this root, or the path to its metrics json (repeatable)")
     for name in STAGES:
         stage = sub.add_parser(name.replace("_", "-"), help=f"run the {name} stage")
         _common(stage)
@@ -92,9 +100,22 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_libraries()
     from lopd.validation import DataValidationError
 
+    if args.command == "sweep-report":
+        from lopd import sweep_report
+
+        try:
+            sweep_report.build(params, args.ablation, args.name)
+        except (FileNotFoundError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        print((params.root() / "metrics" / f"{args.name}.md").read_text(), end="")
+        return 0
     if args.command == "sweep":
+        from lopd import sweep_report
+
         try:
             result = sweep.run(params, seeds, methods, name)
+            sweep_report.build(params, name=name)
         except (ParamsError, DataValidationError, FileNotFoundError, sweep.SweepError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2 if isinstance(e, ParamsError) else 1
@@ -116,12 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command.replace("-", "_")
     stages = STAGES if command == "run" else {command: STAGES[command]}
     try:
-        for name, fn in stages.items():
-            t0 = time.perf_counter()
-            logging.getLogger("lopd").info("stage %s: start (profile %s)", name, params.profile)
-            result = fn(params)
-            summary = {k: v for k, v in result.items() if isinstance(v, (int, float, str)) and k != "params"}
-            logging.getLogger("lopd").info("stage %s: done in %.1fs %s", name, time.perf_counter() - t0, json.dumps(summary, default=str))
+        # `lopd run`: one MLflow parent run, every stage's run nested under it
+        with pipeline_run(params, "run") if command == "run" else contextlib.nullcontext():
+            for name, fn in stages.items():
+                t0 = time.perf_counter()
+                logging.getLogger("lopd").info("stage %s: start (profile %s)", name, params.profile)
+                result = fn(params)
+                summary = {k: v for k, v in result.items() if isinstance(v, (int, float, str)) and k != "params"}
+                logging.getLogger("lopd").info("stage %s: done in %.1fs %s", name, time.perf_counter() - t0, json.dumps(summary, default=str))
     except (ParamsError, DataValidationError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1 if not isinstance(e, ParamsError) else 2

@@ -591,27 +591,36 @@ def _summary(p: Params, method: str, state: LoopState, trainer) -> dict:
 # ----------------------------------------------------------------------------- summary, curve, plots
 
 
-def first_reaching(curve: Sequence[dict], target: float) -> dict | None:
-    """The first dev evaluation whose reward is at least ``target`` (None if none is)."""
-    return next((pt for pt in curve if pt["dev_reward"] >= target - 1e-12), None)
+def first_reaching(curve: Sequence[dict], target: float, key: str = "dev_success") -> dict | None:
+    """The first dev evaluation whose ``key`` is at least ``target`` (None if none is)."""
+    return next((pt for pt in curve if pt[key] is not None and pt[key] >= target - 1e-12), None)
 
 
 def efficiency(results: dict) -> dict:
-    """Generations (and training wall-clock) LOPD needed to reach GRPO's final dev reward; GRPO's own."""
-    out = {"grpo_budget": None, "rollouts_to_grpo_final": None, "rollouts_to_grpo_final_frac": None,
-           "wall_s_to_grpo_final": {"lopd": None, "grpo": None}}
+    """How much of GRPO's budget LOPD needed to first reach GRPO's final dev success.
+
+    ``rollouts_to_grpo_final_frac`` = LOPD's generations at that point / GRPO's budget;
+    ``wall_to_grpo_final_ratio`` = LOPD's training seconds at that point / GRPO's training seconds
+    for its whole budget (dev evaluations excluded on both sides). If LOPD never reaches it,
+    ``grpo_final_reached`` is False, the fraction counts as 1.0 and the ratio as LOPD's whole
+    training time over GRPO's (at least 1.0): a seed is flagged, never dropped. The resolution is
+    one dev point, every ``distill.eval_every`` steps.
+    """
+    out = {"grpo_budget": None, "grpo_final_dev_success": None, "rollouts_to_grpo_final": None,
+           "rollouts_to_grpo_final_frac": None, "wall_to_grpo_final_ratio": None, "grpo_final_reached": None}
     grpo, lopd = results.get("grpo"), results.get("lopd")
-    if grpo is None:
+    if grpo is None or lopd is None:
         return out
-    target = grpo["final_dev_reward"]
-    out["grpo_budget"] = grpo["rollouts"]
-    own = first_reaching(grpo["curve"], target)
-    out["wall_s_to_grpo_final"]["grpo"] = own["train_wall_s"] if own else None
-    hit = first_reaching(lopd["curve"], target) if lopd else None
+    target = grpo["final_dev_success"]
+    hit = first_reaching(lopd["curve"], target)
+    grpo_wall = max(grpo["train_wall_s"], 1e-9)
+    out.update(grpo_budget=grpo["rollouts"], grpo_final_dev_success=target, grpo_final_reached=hit is not None)
     if hit is not None:
-        out["rollouts_to_grpo_final"] = hit["rollouts_cum"]
-        out["rollouts_to_grpo_final_frac"] = hit["rollouts_cum"] / max(1, grpo["rollouts"])
-        out["wall_s_to_grpo_final"]["lopd"] = hit["train_wall_s"]
+        out.update(rollouts_to_grpo_final=hit["rollouts_cum"],
+                   rollouts_to_grpo_final_frac=hit["rollouts_cum"] / max(1, grpo["rollouts"]),
+                   wall_to_grpo_final_ratio=hit["train_wall_s"] / grpo_wall)
+    else:
+        out.update(rollouts_to_grpo_final_frac=1.0, wall_to_grpo_final_ratio=max(1.0, lopd["train_wall_s"] / grpo_wall))
     return out
 
 

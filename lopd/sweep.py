@@ -359,7 +359,7 @@ def run(p: Params, seeds: Sequence[int] | str = DEFAULT_SEEDS, methods: Sequence
             for m in methods:
                 per_seed[m][k] = metrics = child_metrics(m, distilled, evaluated)
                 children[m][k] = kids[m]
-                client.log_batch(kids[m], metrics=[Metric(n, v, _now_ms(), 0) for n, v in metrics.items()],
+                client.log_batch(kids[m], metrics=[Metric(n, v, now_ms(), 0) for n, v in metrics.items()],
                                  params=[Param("method", m), Param("seed", str(k))])
                 client.set_terminated(kids[m], RunStatus.to_string(RunStatus.FINISHED))
                 open_runs.remove(kids[m])
@@ -369,7 +369,6 @@ def run(p: Params, seeds: Sequence[int] | str = DEFAULT_SEEDS, methods: Sequence
         result = {
             "parent_run_id": parent_id,
             "experiment_id": experiment_id,
-            "tracking_uri": uri,
             "name": name,
             "profile": p.profile,
             "seeds": seeds,
@@ -390,7 +389,7 @@ def run(p: Params, seeds: Sequence[int] | str = DEFAULT_SEEDS, methods: Sequence
             for metric, a in row.items():
                 for f in ("mean", "std", "ci_low", "ci_high"):
                     if a[f] is not None and a[f] == a[f]:
-                        stats.append(Metric(f"{m}/{metric}/{f}", float(a[f]), _now_ms(), 0))
+                        stats.append(Metric(f"{m}/{metric}/{f}", float(a[f]), now_ms(), 0))
         client.log_batch(parent_id, metrics=stats, tags=[RunTag("n_children", str(len(methods) * len(seeds)))])
         for fname in (f"{name}.md", f"{name}.csv", f"{name}.json"):
             client.log_artifact(parent_id, str(out_dir / fname))
@@ -402,7 +401,7 @@ def run(p: Params, seeds: Sequence[int] | str = DEFAULT_SEEDS, methods: Sequence
             client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
 
 
-def _now_ms() -> int:
+def now_ms() -> int:
     import time
 
     return int(time.time() * 1000)

@@ -18,6 +18,7 @@ import os
 import subprocess
 from contextlib import contextmanager
 from contextvars import ContextVar
+from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterator, Mapping
@@ -32,6 +33,10 @@ _ENV_URI = os.environ.get("MLFLOW_TRACKING_URI")
 _CODE_DIR = Path(__file__).resolve().parents[1]
 
 UNTRACKED = "untracked"
+
+# The UI opens an experiment on the view its kind names: model training (runs, metrics, charts),
+# not the GenAI view (traces), which MLflow 3 may otherwise infer.
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 
 
 def store_root(params: Params) -> Path:
@@ -67,7 +72,10 @@ def ensure_experiment(params: Params) -> str:
     mlflow.set_tracking_uri(uri)
     exp = mlflow.get_experiment_by_name(params.tracking.experiment)
     if exp is None:
-        return mlflow.create_experiment(params.tracking.experiment, artifact_location=artifact_location(params))
+        return mlflow.create_experiment(params.tracking.experiment, artifact_location=artifact_location(params),
+                                        tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+    if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:  # stores made before the tag existed
+        mlflow.MlflowClient().set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     return exp.experiment_id
 
 
@@ -172,19 +180,52 @@ def run_tags(params: Params) -> dict[str, str]:
 
 # ----------------------------------------------------------------------------- runs
 
-_CONTEXT: ContextVar[dict] = ContextVar("lopd_tracking_context", default={"tags": {}, "parents": {}})
+_CONTEXT: ContextVar[dict] = ContextVar("lopd_tracking_context", default={"tags": {}, "parents": {}, "parent": None})
 
 
 @contextmanager
-def run_context(tags: Mapping[str, str] | None = None, parents: Mapping[str, str] | None = None) -> Iterator[None]:
+def run_context(tags: Mapping[str, str] | None = None, parents: Mapping[str, str] | None = None,
+                parent: str | None = None) -> Iterator[None]:
     """Inside: every :func:`stage_run` also gets ``tags``; one whose ``method`` tag is a key of
-    ``parents`` is nested under that run id (``mlflow.parentRunId``)."""
+    ``parents`` is nested under that run id (``mlflow.parentRunId``), any other under ``parent``."""
     outer = _CONTEXT.get()
-    token = _CONTEXT.set({"tags": {**outer["tags"], **(tags or {})}, "parents": {**outer["parents"], **(parents or {})}})
+    token = _CONTEXT.set({"tags": {**outer["tags"], **(tags or {})}, "parents": {**outer["parents"], **(parents or {})},
+                          "parent": parent or outer.get("parent")})
     try:
         yield
     finally:
         _CONTEXT.reset(token)
+
+
+def pipeline_run_name(params: Params, kind: str, when: datetime | None = None) -> str:
+    """``run-demo-seed0-20261204-193000``: what ran, at which profile and seed, when (UTC)."""
+    when = when or datetime.now(timezone.utc)
+    return f"{kind}-{params.profile or 'none'}-seed{params.seed}-{when:%Y%m%d-%H%M%S}"
+
+
+@contextmanager
+def pipeline_run(params: Params, kind: str = "run") -> Iterator[str]:
+    """One parent run for a whole ``lopd run`` or flow run; every stage run inside nests under it.
+
+    Yields the parent's run id. It ends FINISHED, or FAILED when a stage raises.
+    """
+    from mlflow.entities import Param, RunStatus
+    from mlflow.tracking import MlflowClient
+    from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
+
+    experiment_id = ensure_experiment(params)
+    client = MlflowClient(tracking_uri(params))
+    name = pipeline_run_name(params, kind)
+    run = client.create_run(experiment_id, run_name=name,
+                            tags={MLFLOW_RUN_NAME: name, "stage": "pipeline", "pipeline": kind, **run_tags(params)})
+    run_id, status = run.info.run_id, RunStatus.FAILED
+    client.log_batch(run_id, params=[Param(k, param_value(v)) for k, v in params.flat().items()])
+    try:
+        with run_context(tags={"pipeline_run_id": run_id}, parent=run_id):
+            yield run_id
+        status = RunStatus.FINISHED
+    finally:
+        client.set_terminated(run_id, RunStatus.to_string(status))
 
 
 @contextmanager
@@ -200,7 +241,7 @@ def stage_run(params: Params, stage: str, run_name: str | None = None, **tags: s
     ctx = _CONTEXT.get()
     name = run_name or f"{stage}-seed{params.seed}"
     all_tags = {"stage": stage, **run_tags(params), **ctx["tags"], **tags}
-    parent = ctx["parents"].get(tags.get("method", ""))
+    parent = ctx["parents"].get(tags.get("method", ""), ctx.get("parent"))
     with mlflow.start_run(run_name=name, tags=all_tags, parent_run_id=parent) as run:
         mlflow.log_params({k: param_value(v) for k, v in params.flat().items()})
         try:

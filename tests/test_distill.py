@@ -329,7 +329,8 @@ def test_every_method_spends_the_same_budget(full_run):
     curve = pd.read_csv(distill.curve_path(p))
     assert list(curve["rollouts_cum"]) == [0, 4, 8] and {"lopd_dev_reward", "grpo_dev_reward", "vanilla_dev_reward"} <= set(curve)
     saved = json.loads(layout.metrics_path(p, "distill").read_text())
-    assert saved["lopd"] == out["lopd"] and "rollouts_to_grpo_final" in saved and set(saved["wall_s_to_grpo_final"]) == {"lopd", "grpo"}
+    assert saved["lopd"] == out["lopd"] and {"rollouts_to_grpo_final_frac", "wall_to_grpo_final_ratio", "grpo_final_reached"} <= set(saved)
+    assert len(saved["details"]["lopd"]["history"]) == p.distill.steps and {"beta", "delta", "kl", "margin_violation"} <= set(saved["details"]["lopd"]["history"][0])
 
 
 def test_grpo_covers_fewer_tasks_with_groups(project):
@@ -453,17 +454,19 @@ def test_missing_composer_is_a_clear_error(tmp_path):
         distill.run(p, methods=["lopd"])
 
 
-def test_efficiency_counts_generations_lopd_needs_to_reach_grpo_final():
+def test_efficiency_counts_generations_lopd_needs_to_reach_grpo_final_success():
     def curve(*pts):
-        return [{"rollouts_cum": r, "dev_reward": v, "train_wall_s": r / 10} for r, v in pts]
+        return [{"rollouts_cum": r, "dev_success": v, "train_wall_s": r / 10} for r, v in pts]
 
-    grpo = {"rollouts": 16, "final_dev_reward": 0.3, "curve": curve((0, 0.1), (8, 0.3), (16, 0.3))}
-    lopd = {"rollouts": 16, "final_dev_reward": 0.5, "curve": curve((0, 0.1), (8, 0.25), (16, 0.5))}
+    grpo = {"rollouts": 16, "final_dev_success": 0.3, "train_wall_s": 0.8, "curve": curve((0, 0.1), (8, 0.3), (16, 0.3))}
+    lopd = {"rollouts": 16, "final_dev_success": 0.5, "train_wall_s": 3.2, "curve": curve((0, 0.1), (4, 0.25), (8, 0.3), (16, 0.5))}
     e = distill.efficiency({"lopd": lopd, "grpo": grpo})
-    assert (e["grpo_budget"], e["rollouts_to_grpo_final"], e["rollouts_to_grpo_final_frac"]) == (16, 16, 1.0)
-    assert e["wall_s_to_grpo_final"] == {"lopd": 1.6, "grpo": 0.8}  # GRPO reached its own final at 8
-    never = {**lopd, "curve": curve((0, 0.1), (16, 0.2))}
-    assert distill.efficiency({"lopd": never, "grpo": grpo})["rollouts_to_grpo_final"] is None
+    assert (e["grpo_budget"], e["rollouts_to_grpo_final"], e["rollouts_to_grpo_final_frac"]) == (16, 8, 0.5)
+    assert e["wall_to_grpo_final_ratio"] == pytest.approx(0.8 / 0.8) and e["grpo_final_reached"] is True
+    # never reached: flagged, the fraction counts as 1.0, the wall ratio is LOPD's whole time over GRPO's
+    never = distill.efficiency({"lopd": {**lopd, "curve": curve((0, 0.1), (16, 0.2))}, "grpo": grpo})
+    assert never["grpo_final_reached"] is False and never["rollouts_to_grpo_final"] is None
+    assert never["rollouts_to_grpo_final_frac"] == 1.0 and never["wall_to_grpo_final_ratio"] == pytest.approx(4.0)
     assert distill.efficiency({"lopd": lopd})["grpo_budget"] is None
 
 

@@ -27,3 +27,14 @@ def test_flow_runs_every_stage_at_smoke_scale(tmp_path, repo, monkeypatch):
     assert list(results) == list(STAGES) and list(STAGES)[:3] == ["bootstrap", "collect", "index"]
     assert results["collect"] == json.loads(layout.metrics_path(p, "collect").read_text())
     assert results["collect"]["n_rollouts"] == 8
+    # one MLflow parent run for the flow run; every stage run nested under it
+    import mlflow
+
+    from lopd.tracking import tracking_uri
+
+    mlflow.set_tracking_uri(tracking_uri(p))
+    runs = mlflow.search_runs(experiment_names=[p.tracking.experiment], output_format="list")
+    (parent,) = [r for r in runs if r.data.tags["stage"] == "pipeline"]
+    assert parent.info.run_name.startswith("flow-smoke-seed0-") and parent.info.status == "FINISHED"
+    stages = [r for r in runs if r is not parent]
+    assert len(stages) >= len(STAGES) and all(r.data.tags.get("mlflow.parentRunId") == parent.info.run_id for r in stages)

@@ -78,6 +78,25 @@ def test_each_stage_is_an_mlflow_run_with_params_and_metrics(smoke):
     assert str(tracking_uri(smoke)).startswith(f"sqlite:///{smoke.root()}")
 
 
+def test_lopd_run_is_one_parent_run_with_every_stage_nested(smoke):
+    import re
+
+    import mlflow
+
+    from lopd.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, tracking_uri
+
+    mlflow.set_tracking_uri(tracking_uri(smoke))
+    runs = mlflow.search_runs(experiment_names=["lopd"], output_format="list")
+    (parent,) = [r for r in runs if r.data.tags["stage"] == "pipeline"]
+    assert re.fullmatch(r"run-smoke-seed0-\d{8}-\d{6}", parent.info.run_name) and parent.info.status == "FINISHED"
+    assert parent.data.params["distill.margin"] == str(smoke.distill.margin)
+    stages = [r for r in runs if r is not parent]
+    assert {r.data.tags["stage"] for r in stages} >= {"bootstrap", "collect", "index", "privilege", "cold_start", "distill", "evaluate"}
+    assert all(r.data.tags.get("mlflow.parentRunId") == parent.info.run_id for r in stages)
+    # the experiment opens on the model-training view, not the GenAI one
+    assert mlflow.get_experiment_by_name("lopd").tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND == "custom_model_development"
+
+
 def test_failed_validation_writes_nothing_and_keeps_previous_data(smoke, monkeypatch):
     before = {p: p.read_bytes() for d in (layout.rollouts_dir(smoke), layout.bank_dir(smoke)) for p in d.iterdir()}
 

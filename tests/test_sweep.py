@@ -57,6 +57,38 @@ def test_tables_carry_the_aggregate_and_every_seed():
     assert "0.500 ± 0.354" in lopd_row and "95% Student-t" in md
 
 
+def _details(lopd_success, grpo_success, wall=(1.0, 2.0)):
+    """One seed's distill details: dev curves at 0, 8, 16 generations, LOPD's history of 2 steps."""
+    def curve(vals, w):
+        return [{"step": i, "rollouts_cum": 8 * i, "train_wall_s": w * i, "dev_success": v, "dev_reward": v} for i, v in enumerate(vals)]
+    hist = [{"step": i, "beta": 0.1 * i, "delta": 0.02 * i, "kl": 0.5 - 0.1 * i, "margin_violation": 0.05 - 0.02 * i} for i in range(2)]
+    return {"lopd": {"rollouts": 16, "train_wall_s": 2 * wall[1], "final_dev_success": lopd_success[-1], "curve": curve(lopd_success, wall[1]), "history": hist},
+            "grpo": {"rollouts": 16, "train_wall_s": 2 * wall[0], "final_dev_success": grpo_success[-1], "curve": curve(grpo_success, wall[0])}}
+
+
+def test_report_numbers_by_hand(tmp_path):
+    from lopd import sweep_report
+
+    details = {0: _details([0.1, 0.3, 0.4], [0.1, 0.2, 0.3]),   # reaches 0.3 at 8 of 16 → 0.5; 2 s·1 / (2·1 s) = 1.0
+               1: _details([0.1, 0.2, 0.25], [0.1, 0.2, 0.3])}  # never: flagged, 1.0; wall 2·2 / 2 = 2.0
+    eff = sweep_report.efficiency_summary(details, 0.95)
+    assert eff["rollouts_to_grpo_final_frac"]["per_seed"] == {"0": 0.5, "1": 1.0} and eff["not_reached"] == [1]
+    assert eff["rollouts_to_grpo_final_frac"]["mean"] == pytest.approx(0.75)
+    assert eff["rollouts_to_grpo_final_frac"]["std"] == pytest.approx(math.sqrt(0.125))
+    assert eff["wall_to_grpo_final_ratio"]["per_seed"] == {"0": pytest.approx(1.0), "1": pytest.approx(2.0)}
+    x, ys = sweep_report.stacked(details, "lopd", "curve", "rollouts_cum", "dev_success")
+    assert list(x) == [0, 8, 16] and ys.shape == (2, 3) and ys[1, 2] == 0.25
+    dyn = sweep_report.dynamics_final(details, 0.95)
+    assert dyn["beta"]["mean"] == pytest.approx(0.1) and dyn["kl"]["values"] == [pytest.approx(0.4)] * 2
+    assert sweep_report.intervals_separate({"ci_low": 0.5, "ci_high": 0.6}, {"ci_low": 0.1, "ci_high": 0.4}) is True
+    assert sweep_report.intervals_separate({"ci_low": 0.3, "ci_high": 0.6}, {"ci_low": 0.1, "ci_high": 0.4}) is False
+    assert sweep_report.intervals_separate({"ci_low": None, "ci_high": None}, {"ci_low": 0.1, "ci_high": 0.4}) is None
+    main_p = {"distill.margin": "0.05", "paths.root": "a", "seed": "0", "composer.frozen": "False"}
+    assert sweep_report.changed_params(main_p, {**main_p, "distill.margin": "0", "paths.root": "b"}) == {"distill.margin": "0"}
+    png = sweep_report.plot_dev_curves(details, ["lopd", "grpo"], "train_wall_s", tmp_path / "p" / "c.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
 def test_bad_seeds_and_methods_fail_before_compute(repo, tmp_path, capsys):
     with pytest.raises(ParamsError, match="--methods"):
         sweep.parse_methods("lopd,ppo")
@@ -74,7 +106,7 @@ def test_bad_seeds_and_methods_fail_before_compute(repo, tmp_path, capsys):
 # Smaller still than the smoke profile, so the shared stages take seconds.
 FAST = ["bootstrap.n_demos=32", "bootstrap.expert_check_tasks=8", "bootstrap.eval_dev_tasks=4", "env.n_dev=8",
         "collect.n_tasks=8", "bank.expert_top_up=16", "cold_start.eval_dev_tasks=8", "evaluate.n_tasks=8"]
-SEEDS, METHODS = [0, 1], ["lopd", "vanilla"]
+SEEDS, METHODS = [0, 1], ["lopd", "grpo", "vanilla"]
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +147,7 @@ def test_one_parent_with_one_child_per_method_and_seed(swept):
     assert parent.info.run_name == "sweep-smoke" and parent.info.status == "FINISHED"
     assert parent.data.tags["stage"] == "sweep" and "mlflow.parentRunId" not in parent.data.tags
     kids = _children(p, result["parent_run_id"])
-    assert len(kids) == len(METHODS) * len(SEEDS) == 4
+    assert len(kids) == len(METHODS) * len(SEEDS) == 6
     got = {(r.data.tags["method"], int(r.data.tags["seed"])) for r in kids}
     assert got == {(m, k) for m in METHODS for k in SEEDS}
     for r in kids:
@@ -208,6 +240,47 @@ def test_every_run_carries_commit_params_hash_and_bank_hash(swept):
         want = "untracked" if tags["stage"] == "bootstrap" else bank_hash
         assert tags["bank_dvc_hash"] == want, (r.info.run_name, tags)
         assert tags["bank_dvc_source"] == ("untracked" if want == "untracked" else "computed")  # no dvc.lock here
+
+
+def test_report_efficiency_is_each_seeds_own_and_plots_are_written(swept):
+    from lopd import distill
+
+    p, result = swept
+    eff = result["efficiency"]
+    for k in SEEDS:
+        details = json.loads((sweep.seed_root(p, k) / "metrics" / "distill.json").read_text())["details"]
+        assert eff["per_seed"][str(k)] == json.loads(json.dumps(distill.efficiency(details)))
+    fracs = [eff["per_seed"][str(k)]["rollouts_to_grpo_final_frac"] for k in SEEDS]
+    assert eff["rollouts_to_grpo_final_frac"]["mean"] == pytest.approx(sum(fracs) / len(fracs))
+    assert set(eff["rollouts_to_grpo_final_frac"]["per_seed"]) == {str(k) for k in SEEDS}
+    assert all(0.0 <= f <= 1.0 for f in fracs) and eff["not_reached"] == [k for k in SEEDS if fracs[k] == 1.0 and
+                                                                         not eff["per_seed"][str(k)]["grpo_final_reached"]]
+    for rel in ("metrics/plots/dev_vs_rollouts.png", "metrics/plots/dev_vs_wall.png", "metrics/plots/lopd_dynamics.png"):
+        assert (p.root() / rel).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and rel in result["plots"]
+    md = (p.root() / "metrics" / "sweep.md").read_text()
+    assert "## Efficiency" in md and "rollouts_to_grpo_final_frac" in md and "lopd " in md
+    assert "tracking_uri" not in result and str(p.root()) not in json.dumps(result)  # no machine paths in metrics files
+    artifacts = {a.path for a in _client(p).list_artifacts(result["parent_run_id"], "plots")}
+    assert artifacts == {"plots/dev_vs_rollouts.png", "plots/dev_vs_wall.png", "plots/lopd_dynamics.png"}
+
+
+@pytest.mark.slow
+def test_an_ablation_sweep_joins_the_report_with_what_it_changed(swept, repo, capsys):
+    p, _ = swept
+    overrides = [f"paths.root={p.root()}", f"tracking.tracking_uri={p.tracking.tracking_uri}", *FAST]
+    sets = [a for o in overrides for a in ("--set", o)]
+    common = ["--params", str(repo / "params.yaml"), "--profile", "smoke", *sets]
+    assert main(["-q", "sweep", *common, "--seeds", "0,1", "--methods", "lopd", "--name", "margin0", "--set", "distill.margin=0"]) == 0
+    assert (p.root() / "runs" / "margin0" / "seed1" / "metrics" / "distill.json").exists()
+    assert main(["-q", "sweep-report", *common, "--ablation", "margin0"]) == 0
+    out = json.loads((p.root() / "metrics" / "sweep.json").read_text())
+    (ab,) = out["ablations"]
+    assert ab["name"] == "margin0" and ab["changed"] == {"distill.margin": "0.0"}
+    assert ab["aggregate"]["lopd"]["test_success_rate"]["n"] == 2 and ab["dynamics_final"]["delta"]["n"] == 2
+    assert (p.root() / "metrics" / "plots" / "ablation_dynamics.png").exists()
+    assert "lopd · margin0 (distill.margin=0.0)" in capsys.readouterr().out
+    assert main(["-q", "sweep-report", *common, "--ablation", "nope"]) == 1
+    assert "nope.json" in capsys.readouterr().err
 
 
 @pytest.mark.slow
