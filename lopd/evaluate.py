@@ -147,8 +147,20 @@ def summarize(trajs: Sequence, ci: float, groups: dict[str, str] | None = None) 
         "n_tasks": len(tasks),
         "ci": ci,
         "success_by_family": {f: sum(v) / len(v) for f, v in sorted(by_family.items())},
-        **({"success_by_group": _by_group(trajs, groups)} if groups else {}),
+        **({"success_by_group": _by_group(trajs, groups), "failed_checks_by_group": failed_checks(trajs, groups)} if groups else {}),
     }
+
+
+def failed_checks(trajs: Sequence, groups: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Where the errors are: per app group, the share of its *failed* episodes in which each
+    checklist item failed (``entity``, ``value`` = the app's format, ``committed``, ``single``),
+    and ``n_failed``. An episode can fail several items."""
+    out: dict[str, dict[str, float]] = {}
+    for g in ("pretrain", "new"):
+        failed = [t for t in trajs if groups[t.task_id] == g and not t.success and t.checks]
+        items = sorted({k for t in failed for k in t.checks})
+        out[g] = {"n_failed": float(len(failed)), **{k: sum(not t.checks.get(k, False) for t in failed) / len(failed) for k in items}}
+    return out
 
 
 def _by_group(trajs: Sequence, groups: dict[str, str]) -> dict[str, float | None]:
@@ -188,6 +200,13 @@ def markdown_table(results: dict) -> str:
             f"| {rate(r.get('success_by_group', {}).get('new'))} | {r['mean_reward']:.3f} | {iv(*r['reward_ci'])} | {d} "
             f"| {r['tool_calls_per_turn']:.2f} | {r['turns']:.2f} | {r['first_response_tokens']:.1f} | {r['repeated_calls']:.2f} |"
         )
+    checks = [(m, g, r["failed_checks_by_group"][g]) for m, r in results.items() if "failed_checks_by_group" in r for g in ("pretrain", "new")]
+    if checks:
+        items = sorted({k for _, _, c in checks for k in c if k != "n_failed"})
+        lines += ["", "Where the errors are: of each method's failed episodes per app group, the share failing each checklist item.", "",
+                  "| method | apps | failed episodes | " + " | ".join(items) + " |", "|---|---|---|" + "---|" * len(items)]
+        for m, g, c in checks:
+            lines.append(f"| {m} | {g} | {int(c['n_failed'])} | " + " | ".join(rate(c.get(k)) for k in items) + " |")
     return "\n".join(lines) + "\n"
 
 

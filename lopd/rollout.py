@@ -36,6 +36,7 @@ class Trajectory:
     reward: float = 0.0
     success: bool = False
     truncated: bool = False  # cut by the context limit rather than by the environment
+    checks: dict[str, bool] = field(default_factory=dict)  # the env's checklist at the end (which items failed)
 
     @property
     def n_gen_tokens(self) -> int:
@@ -160,6 +161,7 @@ class RolloutEngine:
     def _finish(traj: Trajectory, result) -> bool:
         traj.reward = float(result.reward)
         traj.success = bool(result.info.get("success", False))
+        traj.checks = dict(result.info.get("checks") or {})
         return True
 
 

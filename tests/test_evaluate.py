@@ -78,6 +78,27 @@ def test_summary_uses_wilson_for_success_and_per_task_means_for_reward():
     assert table.count("\n") == 4 and "| lopd | 0.400 |" in table and "90% CI" in table
 
 
+def test_failed_checks_say_which_checklist_item_failed_per_app_group():
+    def ep(task_id, reward, checks):
+        t = traj(task_id, ["x"], [0, 1], reward)
+        t.checks = checks
+        return t
+
+    ok = {"entity": True, "value": True, "committed": True, "single": True}
+    eps = [ep("a", 1.0, ok),                                   # pretrain, success: not counted
+           ep("a", 0.75, {**ok, "value": False}),              # pretrain: the format
+           ep("b", 0.5, {**ok, "value": False, "committed": False}),  # new: format and commit
+           ep("b", 0.75, {**ok, "committed": False}),          # new: commit
+           ep("c", 0.0, dict.fromkeys(ok, False))]             # new: nothing recorded
+    s = summarize(eps, 0.95, {"a": "pretrain", "b": "new", "c": "new"})
+    fc = s["failed_checks_by_group"]
+    assert fc["pretrain"] == {"n_failed": 1.0, "committed": 0.0, "entity": 0.0, "single": 0.0, "value": 1.0}
+    assert fc["new"] == {"n_failed": 3.0, "committed": 1.0, "entity": pytest.approx(1 / 3), "single": pytest.approx(1 / 3),
+                         "value": pytest.approx(2 / 3)}
+    table = evaluate.markdown_table({"lopd": s})
+    assert "| lopd | new | 3 | 1.000 | 0.333 | 0.333 | 0.667 |" in table
+
+
 # ----------------------------------------------------------------------------- the stages, end to end
 
 
