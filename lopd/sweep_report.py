@@ -139,15 +139,22 @@ def plot_dev_curves(details: Mapping[int, Mapping], methods: Sequence[str], x: s
     return _save(fig, path)
 
 
-def plot_dynamics(runs: Mapping[str, Mapping[int, Mapping]], path: Path, keys: Sequence[str] | None = None) -> Path:
-    """LOPD's β, Δ, KL and margin violation over steps, one line (mean ± 1 std over seeds) per run label."""
+def plot_dynamics(runs: Mapping[str, Mapping[int, Mapping]], path: Path, keys: Sequence[str] | None = None,
+                  method_of: Mapping[str, str] | None = None) -> Path:
+    """β, Δ, KL and margin violation over steps, one line (mean ± 1 std over seeds) per run label.
+
+    ``method_of``: the method each label plots (default lopd), e.g. OPSD's Δ and KL beside LOPD's.
+    """
     import matplotlib.pyplot as plt
 
     panels = [(k, t) for k, t in DYNAMICS if keys is None or k in keys]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
     for ax, (key, title) in zip(np.atleast_1d(axes), panels):
         for i, (label, details) in enumerate(runs.items()):
-            xs, ys = stacked(details, "lopd", "history", "step", key)
+            method = (method_of or {}).get(label, "lopd")
+            if not any(key in (d.get(method, {}).get("history") or [{}])[0] for d in details.values()):
+                continue  # OPSD has no β or margin
+            xs, ys = stacked(details, method, "history", "step", key)
             _band(ax, xs, ys, label, f"C{i}", marker=".")
         ax.axhline(0.0, c="k", lw=0.5)
         ax.set(xlabel="step", title=title)
@@ -249,6 +256,9 @@ def build(p: Params, ablations: Sequence[str] = (), name: str = "sweep", log_to_
              plot_dev_curves(details, sweep["methods"], "train_wall_s", plots_dir / "dev_vs_wall.png")]
     if "lopd" in sweep["methods"]:
         plots.append(plot_dynamics({"lopd": details}, plots_dir / "lopd_dynamics.png"))
+    if {"lopd", "opsd"} <= set(sweep["methods"]):  # the teacher's signal: latent privilege against text privilege
+        plots.append(plot_dynamics({"lopd (latents)": details, "opsd (text)": details}, plots_dir / "teacher_signal.png",
+                                   keys=("delta", "kl"), method_of={"opsd (text)": "opsd"}))
 
     abl_records, abl_details = [], {}
     for ref in ablations:
