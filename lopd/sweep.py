@@ -57,6 +57,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "rollouts": ("distill", "rollouts"),
     "test_success_rate": ("evaluate", "success_rate"),
     "test_mean_reward": ("evaluate", "mean_reward"),
+    "test_success_pretrain": ("evaluate", "success_by_group.pretrain"),  # apps the base was pre-trained on
+    "test_success_new": ("evaluate", "success_by_group.new"),
     "test_tool_calls_per_turn": ("evaluate", "tool_calls_per_turn"),
     "test_turns": ("evaluate", "turns"),
     "test_first_response_tokens": ("evaluate", "first_response_tokens"),
@@ -293,7 +295,9 @@ def child_metrics(method: str, distill: Mapping, evaluate: Mapping) -> dict[str,
     source = {"distill": distill.get(method, {}), "evaluate": evaluate.get(method, {})}
     out = {}
     for name, (stage, key) in METRICS.items():
-        v = source[stage].get(key)
+        v = source[stage]
+        for part in key.split("."):  # "success_by_group.new": a nested value
+            v = v.get(part) if isinstance(v, dict) else None
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
             out[name] = float(v)
     return out

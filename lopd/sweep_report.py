@@ -27,7 +27,7 @@ import numpy as np
 from lopd.config import Params
 from lopd.distill import efficiency
 from lopd.io import atomic_path, read_json, write_json
-from lopd.sweep import aggregate, markdown_table, now_ms
+from lopd.sweep import aggregate, aggregate_table, child_metrics, csv_table, markdown_table, now_ms
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,8 @@ EFFICIENCY_KEYS = ("rollouts_to_grpo_final_frac", "wall_to_grpo_final_ratio")
 DYNAMICS = (("beta", "β (dual variable)"), ("delta", "Δ: trajectory margin (nats)"), ("kl", "KL(π_S ‖ π_T) per token"),
             ("margin_violation", "margin violation m − Δ"))
 COLORS = {"lopd": "C0", "opsd": "C1", "grpo": "C2", "sft": "C3", "vanilla": "gray"}
-IGNORED_PARAM_PREFIXES = ("paths.", "tracking.", "distill.methods")
+IGNORED_PARAM_PREFIXES = ("paths.", "tracking.", "distill.methods", "sweep.")
+FINAL_WINDOW = 5  # "at the end" = the mean of the last 5 steps of each seed (one step's Δ is noisy)
 
 
 # ----------------------------------------------------------------------------- reading sweeps
@@ -47,14 +48,25 @@ def sweep_dir(sweep_json: Path, sweep: Mapping) -> Path:
 
 
 def seed_details(sweep_json: Path) -> tuple[dict, dict[int, dict]]:
-    """The sweep's record and, per seed, ``details`` of its ``metrics/distill.json`` (method → curve, history, ...)."""
+    """The sweep's record and, per seed, ``details`` of its ``metrics/distill.json`` (method → curve, history, ...).
+
+    The record's ``per_seed`` and ``aggregate`` are recomputed from the seeds' ``distill.json``
+    and ``evaluate.json`` with :data:`lopd.sweep.METRICS`, so a metric added there reaches
+    sweeps that ran before it.
+    """
     sweep = read_json(sweep_json)
-    out = {}
+    out, per_seed = {}, {m: {} for m in sweep["methods"]}
     for k in sweep["seeds"]:
-        path = sweep_dir(sweep_json, sweep) / f"seed{k}" / "metrics" / "distill.json"
-        if not path.exists():
-            raise FileNotFoundError(f"sweep report: {path} is missing; the sweep {sweep_json} did not finish seed {k}")
-        out[int(k)] = read_json(path)["details"]
+        metrics = sweep_dir(sweep_json, sweep) / f"seed{k}" / "metrics"
+        for name in ("distill.json", "evaluate.json"):
+            if not (metrics / name).exists():
+                raise FileNotFoundError(f"sweep report: {metrics / name} is missing; the sweep {sweep_json} did not finish seed {k}")
+        distilled, evaluated = read_json(metrics / "distill.json"), read_json(metrics / "evaluate.json")
+        out[int(k)] = distilled["details"]
+        for m in sweep["methods"]:
+            per_seed[m][int(k)] = child_metrics(m, distilled, evaluated)
+    sweep["per_seed"] = {m: {str(k): v for k, v in by.items()} for m, by in per_seed.items()}
+    sweep["aggregate"] = aggregate_table(per_seed, sweep["ci"])
     return sweep, out
 
 
@@ -74,11 +86,15 @@ def efficiency_summary(details: Mapping[int, Mapping], ci: float) -> dict:
 
 
 def dynamics_final(details: Mapping[int, Mapping], ci: float, method: str = "lopd") -> dict:
-    """The last step's β, Δ, KL and margin violation of ``method``, aggregated over seeds."""
+    """β, Δ, KL and margin violation of ``method`` at the end (mean of each seed's last :data:`FINAL_WINDOW` steps), over seeds."""
     out = {}
     for key, _ in DYNAMICS:
-        vals = [d[method]["history"][-1].get(key) for d in details.values() if d.get(method, {}).get("history")]
-        vals = [v for v in vals if v is not None]
+        vals = []
+        for d in details.values():
+            tail = [h.get(key) for h in (d.get(method, {}).get("history") or [])[-FINAL_WINDOW:]]
+            tail = [v for v in tail if v is not None]
+            if tail:
+                vals.append(sum(tail) / len(tail))
         if vals:
             out[key] = {**aggregate(vals, ci), "values": vals}
     return out
@@ -185,6 +201,21 @@ def _cell(a: Mapping | None) -> str:
     return "—" if not a else f"{_f(a['mean'])} ± {_f(a['std'])} [{_f(a['ci_low'])}, {_f(a['ci_high'])}]"
 
 
+HEADLINE = (("test_success_rate", "test success"), ("test_mean_reward", "test reward"), ("test_success_pretrain", "pre-training apps"),
+            ("test_success_new", "new apps"), ("final_dev_success", "final dev success"), ("rollouts", "generations"))
+
+
+def headline_table(sweep: Mapping) -> str:
+    """The comparison at a glance: ``mean ± std [CI]`` of the numbers that decide it."""
+    agg, ci = sweep["aggregate"], sweep["ci"]
+    lines = [f"## Headline: mean ± std [{ci:.0%} t-interval] over seeds {', '.join(map(str, sweep['seeds']))}", "",
+             "| method | " + " | ".join(t for _, t in HEADLINE) + " |", "|---|" + "---|" * len(HEADLINE)]
+    for m, row in agg.items():
+        cells = [(f"{row[k]['mean']:.0f}" if k == "rollouts" and k in row else _cell(row.get(k))) for k, _ in HEADLINE]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\n## Every metric\n\n"
+
+
 def report_markdown(sweep: Mapping, eff: Mapping, dyn: Mapping, ablations: Sequence[Mapping]) -> str:
     agg, ci = sweep["aggregate"], sweep["ci"]
     lines = ["", "## Efficiency (LOPD against GRPO, per seed)", "",
@@ -208,7 +239,7 @@ def report_markdown(sweep: Mapping, eff: Mapping, dyn: Mapping, ablations: Seque
          ab["aggregate"].get("lopd", {}), ab["dynamics_final"]) for ab in ablations]
     if ablations:
         lines += ["", "## Ablations (LOPD, same seeds)", "",
-                  "| run | test success | test reward | final dev success | Δ at the end | KL at the end | β at the end |",
+                  f"| run | test success | test reward | final dev success | Δ, last {FINAL_WINDOW} steps | KL, last {FINAL_WINDOW} steps | β, last {FINAL_WINDOW} steps |",
                   "|---|---|---|---|---|---|---|"]
         for label, a, d in rows:
             lines.append(f"| {label} | {_cell(a.get('test_success_rate'))} | {_cell(a.get('test_mean_reward'))} | "
@@ -276,9 +307,12 @@ def build(p: Params, ablations: Sequence[str] = (), name: str = "sweep", log_to_
     sweep = {**sweep, "efficiency": eff, "lopd_dynamics_final": dyn, "ablations": abl_records,
              "plots": [str(p.relative_to(root)) for p in plots]}
     write_json(sweep_json, sweep)
+    per_seed = {m: {int(k): v for k, v in by.items()} for m, by in sweep["per_seed"].items()}
+    with atomic_path(root / "metrics" / f"{name}.csv") as tmp:
+        tmp.write_text(csv_table(sweep["aggregate"], per_seed, sweep["seeds"]))
     md_path = root / "metrics" / f"{name}.md"
     with atomic_path(md_path) as tmp:
-        tmp.write_text(markdown_table(sweep["aggregate"], sweep["seeds"], ci) + report_markdown(sweep, eff, dyn, abl_records))
+        tmp.write_text(headline_table(sweep) + markdown_table(sweep["aggregate"], sweep["seeds"], ci) + report_markdown(sweep, eff, dyn, abl_records))
     if log_to_mlflow:
         _log(uri, sweep, sweep_json, md_path, plots)
     log.info("sweep report: %s, %d plots in %s", md_path, len(plots), plots_dir)

@@ -79,7 +79,7 @@ def test_report_numbers_by_hand(tmp_path):
     x, ys = sweep_report.stacked(details, "lopd", "curve", "rollouts_cum", "dev_success")
     assert list(x) == [0, 8, 16] and ys.shape == (2, 3) and ys[1, 2] == 0.25
     dyn = sweep_report.dynamics_final(details, 0.95)
-    assert dyn["beta"]["mean"] == pytest.approx(0.1) and dyn["kl"]["values"] == [pytest.approx(0.4)] * 2
+    assert dyn["beta"]["mean"] == pytest.approx(0.05) and dyn["kl"]["values"] == [pytest.approx(0.45)] * 2  # mean of the 2 steps
     assert sweep_report.intervals_separate({"ci_low": 0.5, "ci_high": 0.6}, {"ci_low": 0.1, "ci_high": 0.4}) is True
     assert sweep_report.intervals_separate({"ci_low": 0.3, "ci_high": 0.6}, {"ci_low": 0.1, "ci_high": 0.4}) is False
     assert sweep_report.intervals_separate({"ci_low": None, "ci_high": None}, {"ci_low": 0.1, "ci_high": 0.4}) is None
