@@ -250,10 +250,19 @@ def report_markdown(sweep: Mapping, eff: Mapping, dyn: Mapping, ablations: Seque
 # ----------------------------------------------------------------------------- the report
 
 
-def _mlflow_params(uri: str, sweep: Mapping) -> dict[str, str]:
+def _mlflow_params(uri: str, sweep: Mapping, sweep_json: Path | None = None) -> dict[str, str]:
+    """The params a sweep's parent run logged: in the main store, else in the store under the sweep's own root
+    (an ablation run with another ``paths.root`` logs there)."""
+    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    return dict(MlflowClient(uri).get_run(sweep["parent_run_id"]).data.params)
+    uris = [uri] + ([f"sqlite:///{sweep_json.parent.parent.resolve() / 'mlruns' / 'mlflow.db'}"] if sweep_json else [])
+    for u in dict.fromkeys(uris):
+        try:
+            return dict(MlflowClient(u).get_run(sweep["parent_run_id"]).data.params)
+        except MlflowException:
+            continue
+    raise FileNotFoundError(f"sweep report: the MLflow parent run {sweep['parent_run_id']} of {sweep_json} is in none of {', '.join(uris)}")
 
 
 def _ablation_path(root: Path, ref: str) -> Path:
@@ -299,7 +308,7 @@ def build(p: Params, ablations: Sequence[str] = (), name: str = "sweep", log_to_
             raise ValueError(f"sweep report: ablation {path} ran seeds {ab['seeds']}, the main sweep {sweep['seeds']}; use the same seeds")
         abl_details[ab["name"]] = ab_details
         abl_records.append({"name": ab["name"], "source": str(path.relative_to(root)) if path.is_relative_to(root) else path.name,
-                            "changed": changed_params(main_params, _mlflow_params(uri, ab)), "aggregate": ab["aggregate"],
+                            "changed": changed_params(main_params, _mlflow_params(uri, ab, path)), "aggregate": ab["aggregate"],
                             "dynamics_final": dynamics_final(ab_details, ci), "parent_run_id": ab["parent_run_id"]})
     if abl_details:
         plots.append(plot_dynamics({"lopd (main)": details, **abl_details}, plots_dir / "ablation_dynamics.png", keys=("delta", "kl", "beta")))
