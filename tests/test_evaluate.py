@@ -136,7 +136,14 @@ def test_distill_then_evaluate_with_mlflow(tmp_path, monkeypatch):
         assert {"mean_reward", "reward_ci", "tool_calls_per_turn", "turns", "first_response_tokens", "repeated_calls"} <= set(r)
         assert ("reward_diff_vs_vanilla" in r) == (m != "vanilla")
     assert json.loads(layout.metrics_path(p, "evaluate").read_text()) == json.loads(json.dumps(res))
-    assert layout.metrics_path(p, "evaluate").with_suffix(".md").read_text().count("\n") == 2 + 4
+    md = layout.metrics_path(p, "evaluate").with_suffix(".md").read_text()
+    results_table, errors = md.split("\n\n", 1)
+    assert results_table.count("\n") == 2 + 4 - 1  # header, rule, one row per method
+    rows = [line for line in errors.splitlines() if line.startswith("| ") and not line.startswith("| method")]
+    assert len(rows) == 4 * 2  # where the errors are: each method × {pre-training, new} apps
+    for m, r in res.items():
+        assert {"n_failed", "entity", "value", "committed", "single"} <= set(r["failed_checks_by_group"]["new"]) or \
+            r["failed_checks_by_group"]["new"] == {"n_failed": 0.0}
 
     mlflow.set_tracking_uri(tracking_uri(p))
     runs = {r.info.run_name: r for r in mlflow.search_runs(experiment_names=["lopd"], output_format="list")}
