@@ -7,17 +7,11 @@ distribution (after temperature and top-p).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-
-@dataclass
-class Generation:
-    token_ids: list[int]  # sampled tokens, up to and including a stop token if one was sampled
-    logprobs: list[float]  # log-prob of each sampled token under the sampling distribution
-    stopped: bool  # ended with a stop token (else it hit max_new_tokens)
+from lopd.generation import Generation
 
 
 class GenerationBackend(Protocol):

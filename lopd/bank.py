@@ -26,9 +26,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from lopd.collect import BANK_COLUMNS
 from lopd.lite import lite_text
 from lopd.validation import DataValidationError
+
+# The columns of a bank round file (what `collect` writes and the distillers append).
+BANK_COLUMNS = ("bank_id", "task_id", "family", "app", "task_text", "steps_json", "lite_text", "reward", "success", "source_round", "model")
 
 log = logging.getLogger(__name__)
 

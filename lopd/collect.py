@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from lopd import layout
+from lopd.bank import BANK_COLUMNS, expert_top_up
 from lopd.config import Params
 from lopd.io import atomic_path, write_json
 from lopd.lite import lite_text
@@ -63,7 +64,6 @@ def rollouts_frame(trajs: list[Trajectory], tasks_by_id: dict, policy: str, roun
     return pd.DataFrame(rows)
 
 
-BANK_COLUMNS = ("bank_id", "task_id", "family", "app", "task_text", "steps_json", "lite_text", "reward", "success", "source_round", "model")
 
 
 def bank_frame(trajs: list[Trajectory], tasks_by_id: dict, policy: str, round_: int) -> pd.DataFrame:
@@ -94,7 +94,6 @@ def run(p: Params) -> dict:
     """Roll out the base policy on train tasks; validate; write rollouts, bank and metrics."""
     import mlflow
 
-    from lopd.bank import expert_top_up
     from lopd.modeling import load_policy
     from lopd.tracking import stage_run
     from lopd.validation import validate_bank, validate_rollouts

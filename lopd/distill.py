@@ -187,7 +187,7 @@ class BankDistiller:
     def end_round(self, round_: int) -> None:
         """The round's successes become bank round file ``bank_version + 1``; the index is rebuilt over it."""
         from lopd.bank import append_round
-        from lopd.collect import BANK_COLUMNS
+        from lopd.bank import BANK_COLUMNS
         from lopd.retrieval import held_out_task_ids
 
         rows, self.pending = pd.DataFrame(self.pending, columns=list(BANK_COLUMNS)), []

@@ -24,7 +24,7 @@ import torch
 from transformers import DynamicCache, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 from transformers.cache_utils import DynamicLayer
 
-from lopd.backends import Generation
+from lopd.generation import Generation
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys_BHLD, values_BHLD
 

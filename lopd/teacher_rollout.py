@@ -18,7 +18,8 @@ from typing import Sequence
 
 import torch
 
-from lopd.backends import Generation, HFBackend
+from lopd.backends import HFBackend
+from lopd.generation import Generation
 from lopd.chat import LATENT_PH, encode, render_prompt
 from lopd.teacher import add_latent_placeholder, inject_latents
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from lopd.backends import Generation
+from lopd.generation import Generation
 from lopd.chat import encode
 from lopd.config import ModelParams
 from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, entity_words, make_tasks, run_episode

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lopd import cold_start
-from lopd.collect import BANK_COLUMNS
+from lopd.bank import BANK_COLUMNS
 from lopd.lite import lite_text
 from lopd.composer import Composer
 from lopd.config import load_params

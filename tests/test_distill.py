@@ -19,7 +19,7 @@ import torch
 
 from lopd import distill, layout
 from lopd.bank import expert_top_up, read_bank, round_path
-from lopd.collect import BANK_COLUMNS
+from lopd.bank import BANK_COLUMNS
 from lopd.composer import Composer
 from lopd.config import ParamsError, load_params
 from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, run_episode

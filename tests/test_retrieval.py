@@ -14,7 +14,7 @@ import pytest
 from lopd import index as faiss_index
 from lopd import layout
 from lopd.bank import BankError, append_round, read_bank, round_path
-from lopd.collect import BANK_COLUMNS
+from lopd.bank import BANK_COLUMNS
 from lopd.config import ParamsError, load_params
 from lopd.embed import embed_texts
 from lopd.retrieval import Retriever, load_retriever
