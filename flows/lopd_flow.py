@@ -41,9 +41,9 @@ class StageIO:
 
 
 def _students(p: Params) -> list[Path]:
-    from lopd.distill import student_dir
+    from lopd import layout
 
-    return [student_dir(p, m) for m in p.distill.methods if m != "vanilla"]
+    return [layout.student_dir(p, m) for m in p.distill.methods if m != "vanilla"]
 
 
 def _metrics(stage: str) -> Callable[[Params], list[Path]]:

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 
@@ -56,6 +57,11 @@ def round_path(bank_dir: str | Path, round_: int) -> Path:
     return Path(bank_dir) / f"round-{round_:03d}.parquet"
 
 
+def round_numbers(bank_dir: str | Path) -> list[int]:
+    """The bank's round file numbers, ascending."""
+    return sorted(int(f.stem.split("-")[1]) for f in Path(bank_dir).glob("round-*.parquet"))
+
+
 def read_bank(bank_dir: str | Path) -> pd.DataFrame:
     """Every round file concatenated, rows sorted by ``bank_id`` (a stable order for the index).
 
@@ -83,6 +89,31 @@ def read_bank(bank_dir: str | Path) -> pd.DataFrame:
         frames.append(df[list(BANK_COLUMNS)])
     bank = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     return bank.sort_values("bank_id", kind="stable").reset_index(drop=True)
+
+
+def bank_frame(trajs: Sequence, tasks_by_id: dict, policy: str, round_: int) -> pd.DataFrame:
+    """Bank rows (:data:`BANK_COLUMNS`) of the successful trajectories among ``trajs``, observation-lite."""
+    rows = []
+    for t in trajs:
+        if not t.success:
+            continue
+        task = tasks_by_id[t.task_id]
+        rows.append(
+            {
+                "bank_id": t.rollout_id,
+                "task_id": t.task_id,
+                "family": t.family,
+                "app": task.app,
+                "task_text": task.text,
+                "steps_json": json.dumps([{"action": a, "result": s} for a, s in zip(t.actions, t.shorts)]),
+                "lite_text": lite_text(task.text, t.actions, t.shorts),
+                "reward": float(t.reward),
+                "success": True,
+                "source_round": round_,
+                "model": policy,
+            }
+        )
+    return pd.DataFrame(rows, columns=list(BANK_COLUMNS))
 
 
 def content_key(df: pd.DataFrame) -> pd.Series:

@@ -16,10 +16,9 @@ from pathlib import Path
 import pandas as pd
 
 from lopd import layout
-from lopd.bank import BANK_COLUMNS, expert_top_up
+from lopd.bank import bank_frame, expert_top_up
 from lopd.config import Params
 from lopd.io import atomic_path, write_json
-from lopd.lite import lite_text
 from lopd.policy import app_group, make_engine, split_tasks, success_by_group, train_tasks_by_id
 from lopd.rollout import Trajectory
 
@@ -64,30 +63,6 @@ def rollouts_frame(trajs: list[Trajectory], tasks_by_id: dict, policy: str, roun
     return pd.DataFrame(rows)
 
 
-
-
-def bank_frame(trajs: list[Trajectory], tasks_by_id: dict, policy: str, round_: int) -> pd.DataFrame:
-    rows = []
-    for t in trajs:
-        if not t.success:
-            continue
-        task = tasks_by_id[t.task_id]
-        rows.append(
-            {
-                "bank_id": t.rollout_id,
-                "task_id": t.task_id,
-                "family": t.family,
-                "app": task.app,
-                "task_text": task.text,
-                "steps_json": json.dumps([{"action": a, "result": s} for a, s in zip(t.actions, t.shorts)]),
-                "lite_text": lite_text(task.text, t.actions, t.shorts),
-                "reward": float(t.reward),
-                "success": True,
-                "source_round": round_,
-                "model": policy,
-            }
-        )
-    return pd.DataFrame(rows, columns=list(BANK_COLUMNS))
 
 
 def run(p: Params) -> dict:

@@ -56,6 +56,7 @@ from lopd.onpolicy import (
     rollout_budget,
     step_tasks,
 )
+from lopd.bank import round_numbers
 from lopd.policy import train_tasks_by_id
 from lopd.scoring import token_logprobs
 from lopd.teacher import teacher_logprobs, text_teacher_batch
@@ -70,34 +71,7 @@ HEADLINE = ("rollouts", "final_dev_reward", "final_dev_success", "final_dev_succ
             "beta_final", "delta_final")
 
 
-# ----------------------------------------------------------------------------- where things live
-
-
-def student_dir(p: Params, method: str) -> Path:
-    """LOPD's student is ``models/student``; a baseline's is ``models/students/<method>``; vanilla = the base."""
-    if method == "vanilla":
-        return layout.policy_path(p)
-    return layout.models_dir(p) / ("student" if method == "lopd" else f"students/{method}")
-
-
-def checkpoint_dir(p: Params, method: str) -> Path:
-    return layout.models_dir(p) / "checkpoints" / "distill" / method
-
-
-def distill_bank_dir(p: Params, method: str = "lopd") -> Path:
-    """A method's growing bank: ``data/bank`` copied at the start, then one round file per distill round.
-
-    LOPD's is ``data/distill/bank``; the text-privilege baseline grows its own (``data/distill/opsd/bank``).
-    """
-    return layout.data_dir(p) / "distill" / ("" if method == "lopd" else method) / "bank"
-
-
-def distill_index_dir(p: Params, method: str = "lopd") -> Path:
-    return layout.data_dir(p) / "distill" / ("" if method == "lopd" else method) / "index"
-
-
-def curve_path(p: Params) -> Path:
-    return p.root() / "metrics" / "distill_curve.csv"
+# ----------------------------------------------------------------------------- comparability
 
 
 def comparable_hash(p: Params) -> str:
@@ -138,10 +112,6 @@ def refresh_retriever(p: Params, bank_dir: Path, index_dir: Path, embedder):
     return Retriever(index, bank, embedder, held_out_task_ids(p), r.n_ret, scope=scope_of(p))
 
 
-def _round_numbers(bank_dir: Path) -> list[int]:
-    return sorted(int(f.stem.split("-")[1]) for f in bank_dir.glob("round-*.parquet"))
-
-
 # ----------------------------------------------------------------------------- LOPD and its text-privilege baseline
 
 
@@ -161,7 +131,7 @@ class BankDistiller:
         self.tasks_per_step = p.distill.batch_tasks
         self.opt_student = make_adam(student.parameters(), lr)
         self.pending: list[dict] = []  # this round's successes (bank rows), appended at the round's end
-        self.bank_version = max(_round_numbers(bank_dir)) if bank_dir is not None and bank_dir.is_dir() else 0
+        self.bank_version = max(round_numbers(bank_dir)) if bank_dir is not None and bank_dir.is_dir() else 0
         self.added_rounds: list[int] = []
         self.timer = Timer()
 
@@ -178,7 +148,7 @@ class BankDistiller:
     def keep_successes(self, trajs: Sequence) -> float:
         """Successes wait for the end of the round to join the bank (spec: iterative bank); returns their count."""
         if self.bank_dir is not None:
-            from lopd.collect import bank_frame
+            from lopd.bank import bank_frame
 
             rows = bank_frame(list(trajs), self.tasks_by_id, f"distill-{self.name}", self.bank_version + 1)
             self.pending += rows.to_dict("records")
@@ -186,8 +156,7 @@ class BankDistiller:
 
     def end_round(self, round_: int) -> None:
         """The round's successes become bank round file ``bank_version + 1``; the index is rebuilt over it."""
-        from lopd.bank import append_round
-        from lopd.bank import BANK_COLUMNS
+        from lopd.bank import BANK_COLUMNS, append_round
         from lopd.retrieval import held_out_task_ids
 
         rows, self.pending = pd.DataFrame(self.pending, columns=list(BANK_COLUMNS)), []
@@ -198,7 +167,7 @@ class BankDistiller:
         if len(added):
             self.bank_version += 1
             self.added_rounds.append(self.bank_version)
-            self.retriever = refresh_retriever(self.p, self.bank_dir, distill_index_dir(self.p, self.name), self.retriever.embedder)
+            self.retriever = refresh_retriever(self.p, self.bank_dir, layout.distill_index_dir(self.p, self.name), self.retriever.embedder)
             log.info("distill round %d: %d new successes joined the bank (round file %d)", round_, len(added), self.bank_version)
 
     # -- checkpointing
@@ -221,11 +190,11 @@ class BankDistiller:
         self.pending = list(state["pending"])
         self.bank_version, self.added_rounds = int(state["bank_version"]), list(state["added_rounds"])
         if self.bank_dir is not None:
-            for n in _round_numbers(self.bank_dir):
+            for n in round_numbers(self.bank_dir):
                 if n > self.bank_version:
                     (self.bank_dir / f"round-{n:03d}.parquet").unlink()
             if self.added_rounds:
-                self.retriever = refresh_retriever(self.p, self.bank_dir, distill_index_dir(self.p, self.name), self.retriever.embedder)
+                self.retriever = refresh_retriever(self.p, self.bank_dir, layout.distill_index_dir(self.p, self.name), self.retriever.embedder)
 
 
 class LOPDTrainer(BankDistiller):
@@ -399,11 +368,11 @@ def make_trainer(p: Params, method: str, student, tokenizer, *, fresh_bank: bool
     from lopd.retrieval import open_retriever
 
     backbone, _ = load_policy(layout.policy_path(p), p.model.dtype)  # the frozen teacher's weights
-    bank_dir = distill_bank_dir(p, method) if rounds else None
+    bank_dir = layout.distill_bank_dir(p, method) if rounds else None
     if bank_dir is not None and (fresh_bank or not bank_dir.is_dir()):
         with atomic_path(bank_dir) as tmp:
             shutil.copytree(layout.bank_dir(p), tmp)
-        shutil.rmtree(distill_index_dir(p, method), ignore_errors=True)  # an index of an earlier run's bank
+        shutil.rmtree(layout.distill_index_dir(p, method), ignore_errors=True)  # an index of an earlier run's bank
     if method == "opsd":
         backbone.eval().requires_grad_(False)
         return OPSDTrainer(p, student, tokenizer, backbone, open_retriever(p), tasks_by_id, bank_dir)
@@ -443,7 +412,7 @@ def export_student(student, tokenizer, path: Path) -> None:
 
 
 def _save_checkpoint(p: Params, method: str, trainer, state: LoopState) -> None:
-    with atomic_path(checkpoint_dir(p, method)) as tmp:
+    with atomic_path(layout.checkpoint_dir(p, method)) as tmp:
         tmp.mkdir()
         trainer.save(tmp)
         torch.save({
@@ -462,7 +431,7 @@ def _save_checkpoint(p: Params, method: str, trainer, state: LoopState) -> None:
 
 
 def _load_checkpoint(p: Params, method: str) -> dict | None:
-    path = checkpoint_dir(p, method)
+    path = layout.checkpoint_dir(p, method)
     if not (path / STATE_FILE).exists():
         return None
     ckpt = torch.load(path / STATE_FILE, weights_only=False)  # our own file; holds python RNG state and rows
@@ -493,10 +462,10 @@ def train_method(p: Params, method: str, *, resume: bool = False, stop_after: in
     d = p.distill
     ckpt = _load_checkpoint(p, method) if resume and method != "vanilla" else None
     if resume and ckpt is None and method != "vanilla":
-        log.info("distill %s: no checkpoint at %s, starting from step 0", method, checkpoint_dir(p, method))
+        log.info("distill %s: no checkpoint at %s, starting from step 0", method, layout.checkpoint_dir(p, method))
     if ckpt is None:  # starting over: an earlier run's checkpoint must never be resumed into this one
-        shutil.rmtree(checkpoint_dir(p, method), ignore_errors=True)
-    src = checkpoint_dir(p, method) / "student" if ckpt else layout.policy_path(p)
+        shutil.rmtree(layout.checkpoint_dir(p, method), ignore_errors=True)
+    src = layout.checkpoint_dir(p, method) / "student" if ckpt else layout.policy_path(p)
     student, tokenizer = load_policy(src, p.model.dtype)
     engine = make_engine(p, student, tokenizer)
     dev_tasks = split_tasks(p, "dev", d.eval_dev_tasks)
@@ -510,7 +479,7 @@ def train_method(p: Params, method: str, *, resume: bool = False, stop_after: in
 
     trainer = make_trainer(p, method, student, tokenizer, fresh_bank=ckpt is None)
     if ckpt:
-        trainer.load_state_dict(ckpt["trainer"], **({"path": checkpoint_dir(p, method)} if method == "lopd" else {}))
+        trainer.load_state_dict(ckpt["trainer"], **({"path": layout.checkpoint_dir(p, method)} if method == "lopd" else {}))
         state = LoopState(**ckpt["loop"])
         random.setstate(ckpt["rng_python"])
         torch.set_rng_state(ckpt["rng_torch"])
@@ -559,7 +528,7 @@ def train_method(p: Params, method: str, *, resume: bool = False, stop_after: in
         if stop_after is not None and state.step >= stop_after and state.step < d.steps:
             return None
     bar.close()
-    export_student(trainer.student, tokenizer, student_dir(p, method))
+    export_student(trainer.student, tokenizer, layout.student_dir(p, method))
     return _summary(p, method, state, trainer)
 
 
@@ -748,7 +717,7 @@ def run(p: Params, methods: Sequence[str] | None = None, resume: bool | None = N
     out["details"] = {m: {k: v for k, v in r.items() if not k.startswith("_")} for m, r in merged.items()}
     write_json(layout.metrics_path(p, "distill"), out)
     curve = curve_frame(merged)
-    with atomic_path(curve_path(p)) as tmp:
+    with atomic_path(layout.distill_curve_path(p)) as tmp:
         curve.to_csv(tmp, index=False)
 
     with stage_run(p, "distill", run_name=f"distill-summary-seed{p.seed}", method="summary"):
@@ -758,5 +727,5 @@ def run(p: Params, methods: Sequence[str] | None = None, resume: bool | None = N
             for path in plot_curves(merged, Path(td)):
                 mlflow.log_artifact(str(path), "plots")
         mlflow.log_artifact(str(layout.metrics_path(p, "distill")))
-        mlflow.log_artifact(str(curve_path(p)))
+        mlflow.log_artifact(str(layout.distill_curve_path(p)))
     return out

@@ -222,14 +222,13 @@ def run(p: Params) -> dict:
     """Roll out every method's student on the test split; write ``metrics/evaluate.json`` and ``.md``."""
     import mlflow
 
-    from lopd.distill import student_dir
     from lopd.modeling import load_policy
     from lopd.onpolicy import derive_seed
     from lopd.policy import app_group, make_engine, split_tasks
     from lopd.tracking import stage_run
 
     methods = evaluated_methods(p)
-    paths = {m: student_dir(p, m) for m in methods}
+    paths = {m: layout.student_dir(p, m) for m in methods}
     missing = [f"{m} ({paths[m]})" for m in methods if not (paths[m] / "config.json").exists()]
     if missing:
         raise FileNotFoundError(f"evaluate: no student for {', '.join(missing)}: run `lopd distill` for those methods "

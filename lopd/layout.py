@@ -59,3 +59,32 @@ def metrics_path(p: Params, stage: str) -> Path:
 def composer_dir(p: Params) -> Path:
     """The cold-start composer φ₀ (encoder LoRA + resampler, safetensors): the distillation anchor."""
     return models_dir(p) / "composer"
+
+
+def student_dir(p: Params, method: str) -> Path:
+    """LOPD's student is ``models/student``; a baseline's is ``models/students/<method>``; vanilla = the base."""
+    if method == "vanilla":
+        return policy_path(p)
+    return models_dir(p) / ("student" if method == "lopd" else f"students/{method}")
+
+
+def checkpoint_dir(p: Params, method: str) -> Path:
+    """A method's last distill checkpoint (student, optimiser states, loop state, RNG)."""
+    return models_dir(p) / "checkpoints" / "distill" / method
+
+
+def distill_bank_dir(p: Params, method: str = "lopd") -> Path:
+    """A method's growing bank: ``data/bank`` copied at the start, then one round file per distill round.
+
+    LOPD's is ``data/distill/bank``; the text-privilege baseline grows its own (``data/distill/opsd/bank``).
+    """
+    return data_dir(p) / "distill" / ("" if method == "lopd" else method) / "bank"
+
+
+def distill_index_dir(p: Params, method: str = "lopd") -> Path:
+    return data_dir(p) / "distill" / ("" if method == "lopd" else method) / "index"
+
+
+def distill_curve_path(p: Params) -> Path:
+    """Dev curves of every method on one generations grid (``dvc plots``)."""
+    return p.root() / "metrics" / "distill_curve.csv"

@@ -18,8 +18,7 @@ import pytest
 import torch
 
 from lopd import distill, layout
-from lopd.bank import expert_top_up, read_bank, round_path
-from lopd.bank import BANK_COLUMNS
+from lopd.bank import BANK_COLUMNS, expert_top_up, read_bank, round_numbers, round_path
 from lopd.composer import Composer
 from lopd.config import ParamsError, load_params
 from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, run_episode
@@ -185,16 +184,16 @@ def test_round_end_appends_successes_and_rebuilds_the_index(project, tmp_path):
     win = Trajectory("lopd-s0-x-0", task.task_id, task.family, 0, ids, mask, [0.0] * len(ids), 10, ep["actions"],
                      ep["observations"], ep["shorts"], 1.0, True)
     tr.pending = []
-    from lopd.collect import bank_frame
+    from lopd.bank import bank_frame
 
     tr.pending += bank_frame([win], {task.task_id: task}, "distill-lopd", tr.bank_version + 1).to_dict("records")
     tr.end_round(0)
     assert tr.bank_version == 1 and tr.added_rounds == [1] and tr.pending == []
-    assert round_path(distill.distill_bank_dir(p), 1).exists() and tr.retriever.index.ntotal == n0 + 1
+    assert round_path(layout.distill_bank_dir(p), 1).exists() and tr.retriever.index.ntotal == n0 + 1
     assert not round_path(layout.bank_dir(p), 1).exists()  # collect's bank is never touched
-    assert (distill.distill_index_dir(p) / "index.faiss").exists()
+    assert (layout.distill_index_dir(p) / "index.faiss").exists()
     tr.end_round(1)  # nothing new: no file, same version
-    assert tr.bank_version == 1 and not round_path(distill.distill_bank_dir(p), 2).exists()
+    assert tr.bank_version == 1 and not round_path(layout.distill_bank_dir(p), 2).exists()
 
 
 # ----------------------------------------------------------------------------- OPSD (text-privilege baseline)
@@ -239,7 +238,7 @@ def test_opsd_step_distills_from_the_base_with_experiences_as_text(project):
         kl = masked_mean(topm_kl_per_token(s_logp_BTV.gather(-1, t.topm_ids_BTM), t.topm_logp_BTM), mask_BT)
     assert m["kl"] == pytest.approx(kl.item(), rel=1e-5)
     assert torch.allclose(t.token_logp_BT, t_tok_BT)
-    assert tr.bank_dir == distill.distill_bank_dir(project, "opsd") != distill.distill_bank_dir(project)
+    assert tr.bank_dir == layout.distill_bank_dir(project, "opsd") != layout.distill_bank_dir(project)
 
 
 # ----------------------------------------------------------------------------- GRPO
@@ -326,7 +325,7 @@ def test_every_method_spends_the_same_budget(full_run):
     assert out["vanilla"]["rollouts"] == 0 and out["grpo_budget"] == budget
     assert {"beta_final", "delta_final"} <= set(out["lopd"]) and "beta_final" not in out["grpo"]
     assert "delta_final" in out["opsd"] and "beta_final" not in out["opsd"]
-    curve = pd.read_csv(distill.curve_path(p))
+    curve = pd.read_csv(layout.distill_curve_path(p))
     assert list(curve["rollouts_cum"]) == [0, 4, 8] and {"lopd_dev_reward", "grpo_dev_reward", "vanilla_dev_reward"} <= set(curve)
     saved = json.loads(layout.metrics_path(p, "distill").read_text())
     assert saved["lopd"] == out["lopd"] and {"rollouts_to_grpo_final_frac", "wall_to_grpo_final_ratio", "grpo_final_reached"} <= set(saved)
@@ -348,13 +347,13 @@ def test_exported_student_is_a_plain_checkpoint_of_the_base_architecture(full_ru
     p, _ = full_run
     base = AutoModelForCausalLM.from_pretrained(layout.base_model_dir(p))
     for method in ("lopd", "grpo", "sft"):
-        path = distill.student_dir(p, method)
+        path = layout.student_dir(p, method)
         student = AutoModelForCausalLM.from_pretrained(path)
         assert type(student) is type(base) and student.config.to_diff_dict() == base.config.to_diff_dict()
         assert sum(t.numel() for t in student.parameters()) == sum(t.numel() for t in base.parameters())
         assert not any("lora" in n for n, _ in student.named_parameters())
-    assert distill.student_dir(p, "lopd") == p.root() / "models" / "student"
-    lopd_sd, base_sd = (AutoModelForCausalLM.from_pretrained(x).state_dict() for x in (distill.student_dir(p, "lopd"), layout.base_model_dir(p)))
+    assert layout.student_dir(p, "lopd") == p.root() / "models" / "student"
+    lopd_sd, base_sd = (AutoModelForCausalLM.from_pretrained(x).state_dict() for x in (layout.student_dir(p, "lopd"), layout.base_model_dir(p)))
     assert any(not torch.equal(lopd_sd[k], base_sd[k]) for k in base_sd)  # it was trained
 
 
@@ -407,15 +406,15 @@ def test_resume_reproduces_an_uninterrupted_run_exactly(tmp_path, monkeypatch):
         p = build_project(tmp_path / name, *extra)
         if name == "resumed":
             assert distill.run(p, stop_after=5) == {"stopped_after": 5, "method": "lopd"}
-            meta = json.loads((distill.checkpoint_dir(p, "lopd") / "meta.json").read_text())
-            assert meta["step"] == 3 and not distill.student_dir(p, "lopd").exists()
-            assert max(distill._round_numbers(distill.distill_bank_dir(p))) > meta["bank_version"]  # written after the checkpoint
+            meta = json.loads((layout.checkpoint_dir(p, "lopd") / "meta.json").read_text())
+            assert meta["step"] == 3 and not layout.student_dir(p, "lopd").exists()
+            assert max(round_numbers(layout.distill_bank_dir(p))) > meta["bank_version"]  # written after the checkpoint
             out = distill.run(p, resume=True)
         else:
             out = distill.run(p)
-        ckpt = distill.checkpoint_dir(p, "lopd")
-        bank = read_bank(distill.distill_bank_dir(p))
-        results[name] = (load_file(distill.student_dir(p, "lopd") / "model.safetensors"),
+        ckpt = layout.checkpoint_dir(p, "lopd")
+        bank = read_bank(layout.distill_bank_dir(p))
+        results[name] = (load_file(layout.student_dir(p, "lopd") / "model.safetensors"),
                          load_file(ckpt / "composer" / "resampler.safetensors"),
                          load_file(ckpt / "composer" / "encoder" / "adapter_model.safetensors"), out, bank)
     (s1, r1, a1, o1, b1), (s2, r2, a2, o2, b2) = results["straight"], results["resumed"]
@@ -475,6 +474,6 @@ def test_methods_run_one_at_a_time_end_up_in_one_comparison(tmp_path):
     distill.run(p, methods=["grpo"])
     out = distill.run(p, methods=["lopd"])
     assert set(out["details"]) == {"grpo", "lopd"} and out["grpo_budget"] == rollout_budget(p)
-    assert set(pd.read_csv(distill.curve_path(p)).columns) >= {"lopd_dev_reward", "grpo_dev_reward"}
+    assert set(pd.read_csv(layout.distill_curve_path(p)).columns) >= {"lopd_dev_reward", "grpo_dev_reward"}
     other = with_params(p, "distill.margin=0.1")  # other numbers: earlier results are not comparable
     assert set(distill.run(other, methods=["vanilla"])["details"]) == {"vanilla"}
