@@ -41,7 +41,7 @@ serve: install
 	PREFECT_HOME=$(CURDIR)/.prefect $(BIN)/python -m flows.serve --start-server --host 127.0.0.1 --port $(PREFECT_PORT) \
 		$(if $(filter command line,$(origin PROFILE)),--profile $(PROFILE))
 
-# The MLflow UI on 127.0.0.1:$(MLFLOW_PORT) over the project store (lopd/tracking.py's default).
+# The MLflow UI on 127.0.0.1:$(MLFLOW_PORT) over the project store (lopd/ops/tracking.py's default).
 ui: install
 	$(BIN)/mlflow server --host 127.0.0.1 --port $(MLFLOW_PORT) --workers 1 \
 		--backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db \

@@ -19,11 +19,11 @@ import numpy as np
 import pandas as pd
 
 from lopd import layout
-from lopd.collect import ROLLOUTS_FILE
-from lopd.lite import lite_text
 from lopd.config import load_params
 from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, run_episode
-from lopd.policy import split_tasks
+from lopd.memory.lite import lite_text
+from lopd.policy.engine import split_tasks
+from lopd.stages.collect import ROLLOUTS_FILE
 
 
 def row(name: str, lite: list[str], full: list[str], tok) -> str:

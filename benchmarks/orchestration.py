@@ -62,8 +62,8 @@ def main() -> None:
 
         _quiet_libraries()
         logging.basicConfig(level=logging.WARNING)
-        for module in ("bootstrap", "collect", "index_stage", "cold_start", "distill", "evaluate"):
-            importlib.import_module(f"lopd.{module}")  # import cost is not what is compared
+        for module in ("bootstrap", "collect", "index", "cold_start", "distill", "evaluate"):
+            importlib.import_module(f"lopd.stages.{module}")  # import cost is not what is compared
 
         def direct(root: Path) -> float:
             p = load_params(a.params, a.profile, [*a.overrides, f"paths.root={root}"])

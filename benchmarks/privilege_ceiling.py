@@ -1,6 +1,6 @@
 """Benchmark: what experiences give the frozen base as text, and what the latent slots cost it.
 
-Runs the ``privilege`` stage (``lopd.privilege``: sampled dev success and NLL per action token
+Runs the ``privilege`` stage (``lopd.stages.privilege``: sampled dev success and NLL per action token
 with no context, the framing sentence, retrieved / random / oracle experiences as text; writes
 ``metrics/privilege.json``) and prints its tables, then the NLL of the same scripted-expert dev
 trajectories with ``n_ret·K`` latent slots in the framing: zero vectors, and an untrained
@@ -18,17 +18,17 @@ import argparse
 import torch
 
 from lopd import layout
-from lopd.cold_start import n_latents
-from lopd.composer import Composer
 from lopd.config import load_params
-from lopd.episodes import from_expert, student_batch, teacher_batch
-from lopd.modeling import load_policy
-from lopd.policy import split_tasks
-from lopd.privilege import CONTEXTS
-from lopd.privilege import run as privilege_run
-from lopd.probe import expert_episodes
-from lopd.retrieval import open_retriever
-from lopd.teacher import teacher_logprobs
+from lopd.latent.composer import Composer
+from lopd.latent.teacher import teacher_logprobs
+from lopd.memory.retrieval import open_retriever
+from lopd.policy.engine import split_tasks
+from lopd.policy.modeling import load_policy
+from lopd.policy.probe import expert_episodes
+from lopd.stages.cold_start import n_latents
+from lopd.stages.privilege import CONTEXTS
+from lopd.stages.privilege import run as privilege_run
+from lopd.train.episodes import from_expert, student_batch, teacher_batch
 
 
 def main() -> None:

@@ -26,8 +26,8 @@ import time
 
 import numpy as np
 
-from lopd import index as faiss_index
 from lopd.config import load_params
+from lopd.memory import index as faiss_index
 
 DEFAULT_CASES = "384:10k,384:100k,384:1m,4096:100k"
 SWEEP_EF = (16, 32, 128)  # HNSW efSearch values also timed (query-time knob, same graph)

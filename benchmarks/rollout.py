@@ -17,11 +17,11 @@ import time
 import torch
 
 from lopd import layout
-from lopd.chat import encode, render_prompt
 from lopd.config import load_params
 from lopd.envs.toolworld import ToolWorldEnv
-from lopd.modeling import load_policy
-from lopd.policy import make_engine, split_tasks
+from lopd.policy.chat import encode, render_prompt
+from lopd.policy.engine import make_engine, split_tasks
+from lopd.policy.modeling import load_policy
 
 
 def raw_generate_tokens_per_s(model, tokenizer, prompts, p, repeats: int) -> tuple[float, int]:

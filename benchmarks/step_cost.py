@@ -23,11 +23,11 @@ import torch
 
 from lopd import layout
 from lopd.config import load_params
-from lopd.distill import _check_inputs, make_trainer
-from lopd.episodes import Timer
-from lopd.modeling import load_policy
-from lopd.onpolicy import derive_seed, step_tasks
-from lopd.policy import make_engine, split_tasks
+from lopd.policy.engine import make_engine, split_tasks
+from lopd.policy.modeling import load_policy
+from lopd.stages.distill import _check_inputs, make_trainer
+from lopd.train.episodes import Timer
+from lopd.train.onpolicy import derive_seed, step_tasks
 
 LOPD_PHASES = ("rollout", "retrieval", "teacher_scoring", "student_update", "composer_update")
 GRPO_PHASES = ("rollout", "policy_update")

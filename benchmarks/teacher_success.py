@@ -24,17 +24,17 @@ from pathlib import Path
 import torch
 
 from lopd import layout
-from lopd.composer import Composer
 from lopd.config import load_params
 from lopd.envs.toolworld import ToolWorldEnv
 from lopd.io import write_json
-from lopd.modeling import load_policy
-from lopd.onpolicy import derive_seed
-from lopd.policy import make_engine, split_tasks, success_by_group
-from lopd.privilege import ContextEnv
-from lopd.retrieval import open_retriever
-from lopd.rollout import RolloutEngine
-from lopd.teacher_rollout import LatentBackend, LatentContextEnv, first_prompt
+from lopd.latent.composer import Composer
+from lopd.latent.teacher_rollout import LatentBackend, LatentContextEnv, first_prompt
+from lopd.memory.retrieval import open_retriever
+from lopd.policy.engine import make_engine, split_tasks, success_by_group
+from lopd.policy.modeling import load_policy
+from lopd.policy.rollout import RolloutEngine
+from lopd.stages.privilege import ContextEnv
+from lopd.train.onpolicy import derive_seed
 
 
 def main() -> None:

@@ -28,8 +28,8 @@ from prefect.cache_policies import CachePolicy
 
 from lopd import layout
 from lopd.config import DEFAULT_PROFILE, Params, ParamsError, load_params
+from lopd.ops.tracking import pipeline_run
 from lopd.stages import STAGES
-from lopd.tracking import pipeline_run
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ def outputs_missing(name: str, p: Params) -> bool:
 
 def is_transient(task, task_run, state) -> bool:
     """retry_condition_fn: retry unless the failure is one a retry would only repeat."""
-    from lopd.validation import DataValidationError
+    from lopd.ops.validation import DataValidationError
 
     try:
         exc = state.result(raise_on_failure=False)

@@ -4,7 +4,7 @@
 
 ``lopd/full`` runs every stage with the served profile (``--profile``, else ``schedule.profile``)
 on the cron ``schedule.cron`` in ``schedule.timezone``, and, with ``schedule.bank_trigger``, on
-every ``lopd.bank.grew`` event about this checkout's ``data/bank`` (``lopd.bank.append_round``
+every ``lopd.bank.grew`` event about this checkout's ``data/bank`` (``lopd.memory.bank.append_round``
 emits it when ``$PREFECT_API_URL`` is set). At most one run of each deployment at a time; further
 runs wait. Runs execute as subprocesses of this process, in this checkout (outputs under
 ``paths.root``), until Ctrl-C (which pauses the schedule).
@@ -86,13 +86,13 @@ def build_deployments(params_path: Path, profile: str, overrides: list[str]) -> 
 
     from flows.lopd_flow import lopd_flow
     from lopd import layout
-    from lopd.events import BANK_GREW, bank_resource_id
+    from lopd.ops.events import BANK_GREW, bank_resource_id
 
     p = load_params(params_path, None if profile in ("", "none") else profile, overrides)
     parameters = {"params_path": str(params_path), "profile": profile, "overrides": overrides}
     triggers = [DeploymentEventTrigger(
         name="retrain when the bank grows",
-        description=f"{BANK_GREW} about {layout.bank_dir(p)} (lopd.bank.append_round added a round)",
+        description=f"{BANK_GREW} about {layout.bank_dir(p)} (lopd.memory.bank.append_round added a round)",
         expect={BANK_GREW},
         match={"prefect.resource.id": bank_resource_id(layout.bank_dir(p))},
     )] if p.schedule.bank_trigger else []

@@ -1,7 +1,7 @@
-"""Flow `lopd-sweep`: every method at every seed (``lopd.sweep.run``), as a Prefect flow.
+"""Flow `lopd-sweep`: every method at every seed (``lopd.experiments.sweep.run``), as a Prefect flow.
 
 No logic here: the sweep (shared stages, one output root per seed, MLflow parent and child
-runs, the aggregate tables) lives in ``lopd/sweep.py``. Run it in-process with
+runs, the aggregate tables) lives in ``lopd/experiments/sweep.py``. Run it in-process with
 ``python -m flows.sweep_flow --profile smoke --seeds 0,1 --methods lopd,vanilla``.
 """
 
@@ -11,8 +11,8 @@ import argparse
 
 from prefect import flow
 
-from lopd import sweep, sweep_report
 from lopd.config import DEFAULT_PROFILE, load_params
+from lopd.experiments import sweep, sweep_report
 
 
 @flow(name="lopd-sweep", log_prints=True)
@@ -24,7 +24,7 @@ def sweep_flow(
     methods: list[str] = ["lopd", "opsd", "grpo", "vanilla", "sft"],  # noqa: B006
     name: str = "sweep",
 ) -> dict:
-    """``lopd sweep``: returns what ``lopd.sweep.run`` returns (parent run id, per-seed metrics, aggregate)."""
+    """``lopd sweep``: returns what ``lopd.experiments.sweep.run`` returns (parent run id, per-seed metrics, aggregate)."""
     p = load_params(params_path, None if profile in ("", "none") else profile, overrides or [])
     result = sweep.run(p, list(seeds), list(methods), name)
     return {**result, **sweep_report.build(p, name=name)}

@@ -15,8 +15,8 @@ import sys
 import time
 
 from lopd.config import DEFAULT_PROFILE, ParamsError, load_params
+from lopd.ops.tracking import pipeline_run
 from lopd.stages import STAGES
-from lopd.tracking import pipeline_run
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(params.model_dump(), indent=2))
         return 0
     if args.command == "sweep":
-        from lopd import sweep
+        from lopd.experiments import sweep
 
         try:  # bad --seeds / --methods fail here, before any compute
             seeds, methods, name = sweep.parse_seeds(args.seeds), sweep.parse_methods(args.methods), sweep.check_name(args.name)
@@ -98,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
     _quiet_libraries()
-    from lopd.validation import DataValidationError
+    from lopd.ops.validation import DataValidationError
 
     if args.command == "sweep-report":
-        from lopd import sweep_report
+        from lopd.experiments import sweep_report
 
         try:
             sweep_report.build(params, args.ablation, args.name)
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         print((params.root() / "metrics" / f"{args.name}.md").read_text(), end="")
         return 0
     if args.command == "sweep":
-        from lopd import sweep_report
+        from lopd.experiments import sweep_report
 
         try:
             result = sweep.run(params, seeds, methods, name)
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     if args.command == "export-base":
-        from lopd.bootstrap import export_base
+        from lopd.stages.bootstrap import export_base
 
         try:
             record = export_base(params)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from lopd.generation import Generation
-from lopd.chat import encode
 from lopd.config import ModelParams
 from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, entity_words, make_tasks, run_episode
-from lopd.modeling import build_tiny_qwen3, train_tokenizer
+from lopd.policy.chat import encode
+from lopd.policy.generation import Generation
+from lopd.policy.modeling import build_tiny_qwen3, train_tokenizer
 
 
 @lru_cache(maxsize=1)

@@ -8,9 +8,9 @@ import json
 import pytest
 from safetensors import safe_open
 
-from lopd import base_asset
-from lopd.bootstrap import measure
 from lopd.config import load_params
+from lopd.policy import base_asset
+from lopd.stages.bootstrap import measure
 
 pytestmark = pytest.mark.skipif(not (base_asset.ASSET_DIR / base_asset.RECORD).exists(),
                                 reason="no committed base in lopd/assets/base (lopd export-base writes one)")

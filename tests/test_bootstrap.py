@@ -7,13 +7,13 @@ import re
 
 import pytest
 
-from lopd import base_asset
-from lopd.bootstrap import demonstrations, with_experiences
 from lopd.config import ParamsError, load_params
 from lopd.envs.toolworld import SYNTHETIC_APPS, pretrain_apps
 from lopd.envs.toolworld.apps import conventions
 from lopd.envs.toolworld.families import REGISTRY
-from lopd.teacher import LATENT_FRAMING
+from lopd.latent.teacher import LATENT_FRAMING
+from lopd.policy import base_asset
+from lopd.stages.bootstrap import demonstrations, with_experiences
 
 HEAD = LATENT_FRAMING.split("{placeholder}")[0]
 APP_RE = re.compile(r"(?:^|Task: )At (\w+), ")

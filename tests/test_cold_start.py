@@ -8,14 +8,14 @@ import pandas as pd
 import pytest
 import torch
 
-from lopd import cold_start
-from lopd.bank import BANK_COLUMNS
-from lopd.lite import lite_text
-from lopd.composer import Composer
 from lopd.config import load_params
 from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, make_tasks, run_episode
-from lopd.episodes import replay_entry
-from lopd.rollout import tokenize_episode
+from lopd.latent.composer import Composer
+from lopd.memory.bank import BANK_COLUMNS
+from lopd.memory.lite import lite_text
+from lopd.policy.rollout import tokenize_episode
+from lopd.stages import cold_start
+from lopd.train.episodes import replay_entry
 from tests.helpers import tiny_model, tiny_tokenizer
 from tests.test_retrieval import retriever_for
 
@@ -88,8 +88,8 @@ def test_privilege_metrics_are_finite_and_weighted_by_outcome(repo):
 
 
 def test_too_small_bank_is_a_clear_error_before_any_training(repo, tmp_path):
-    from lopd.bank import round_path
-    from lopd.validation import DataValidationError
+    from lopd.memory.bank import round_path
+    from lopd.ops.validation import DataValidationError
 
     p = load_params(repo / "params.yaml", None, [f"paths.root={tmp_path}", "bank.min_size=5"])
     path = round_path(tmp_path / "data" / "bank", 0)

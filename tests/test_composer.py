@@ -3,15 +3,10 @@
 import pytest
 import torch
 
-from lopd.chat import LATENT_PH, encode, render_prompt
-from lopd.composer import Composer, ComposerAnchor
 from lopd.config import ComposerParams
 from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, make_tasks, run_episode
-from lopd.lm_train import IGNORE, collate
-from lopd.losses import masked_mean, topm_kl_per_token, topm_reverse_kl_per_token
-from lopd.rollout import Trajectory, tokenize_episode
-from lopd.scoring import token_logprobs
-from lopd.teacher import (
+from lopd.latent.composer import Composer, ComposerAnchor
+from lopd.latent.teacher import (
     add_latent_placeholder,
     align_to_student,
     collate_teacher,
@@ -20,6 +15,11 @@ from lopd.teacher import (
     teacher_logprobs,
     teacher_prompt,
 )
+from lopd.policy.chat import LATENT_PH, encode, render_prompt
+from lopd.policy.rollout import Trajectory, tokenize_episode
+from lopd.policy.scoring import token_logprobs
+from lopd.train.lm_train import IGNORE, collate
+from lopd.train.losses import masked_mean, topm_kl_per_token, topm_reverse_kl_per_token
 from tests.helpers import tiny_model, tiny_tokenizer
 
 CP = ComposerParams(num_latents=4, depth=2, num_heads=4, max_input_tokens=96)

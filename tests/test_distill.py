@@ -17,16 +17,17 @@ import pandas as pd
 import pytest
 import torch
 
-from lopd import distill, layout
-from lopd.bank import BANK_COLUMNS, expert_top_up, read_bank, round_numbers, round_path
-from lopd.composer import Composer
+from lopd import layout
 from lopd.config import ParamsError, load_params
 from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, run_episode
-from lopd.losses import dual_update, grpo_advantages
-from lopd.episodes import to_episodes
-from lopd.onpolicy import rollout_budget, step_tasks
-from lopd.policy import make_engine, split_tasks
-from lopd.rollout import Trajectory, tokenize_episode
+from lopd.latent.composer import Composer
+from lopd.memory.bank import BANK_COLUMNS, expert_top_up, read_bank, round_numbers, round_path
+from lopd.policy.engine import make_engine, split_tasks
+from lopd.policy.rollout import Trajectory, tokenize_episode
+from lopd.stages import distill
+from lopd.train.episodes import to_episodes
+from lopd.train.losses import dual_update, grpo_advantages
+from lopd.train.onpolicy import rollout_budget, step_tasks
 from tests.helpers import tiny_model, tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,8 +53,8 @@ class FakeEmbedder:
 
 def build_project(root: Path, *extra: str):
     """Base model, composer φ₀, a round-0 bank and its index under ``root``; returns the params."""
-    from lopd import index as faiss_index
-    from lopd.retrieval import write_index_dir
+    from lopd.memory import index as faiss_index
+    from lopd.memory.retrieval import write_index_dir
 
     p = load_params(REPO / "params.yaml", "smoke", [f"paths.root={root}", *OVERRIDES, *extra])
     tok = tiny_tokenizer()
@@ -86,11 +87,11 @@ def offline(monkeypatch):
     """Fake embedder; no MLflow store (the end-to-end test in test_evaluate.py uses a real one)."""
     import mlflow
 
-    import lopd.embed
-    import lopd.tracking
+    import lopd.memory.embed
+    import lopd.ops.tracking
 
-    monkeypatch.setattr(lopd.embed, "make_embedder", lambda p, device=None: FakeEmbedder())
-    monkeypatch.setattr(lopd.tracking, "stage_run", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(lopd.memory.embed, "make_embedder", lambda p, device=None: FakeEmbedder())
+    monkeypatch.setattr(lopd.ops.tracking, "stage_run", lambda *a, **k: contextlib.nullcontext())
     for fn in ("log_metrics", "log_metric", "log_artifact", "log_text"):
         monkeypatch.setattr(mlflow, fn, lambda *a, **k: None)
 
@@ -100,7 +101,7 @@ def with_params(p, *overrides: str):
 
 
 def lopd_trainer(p):
-    from lopd.modeling import load_policy
+    from lopd.policy.modeling import load_policy
 
     student, tok = load_policy(layout.policy_path(p), p.model.dtype)
     return distill.make_trainer(p, "lopd", student, tok)
@@ -184,7 +185,7 @@ def test_round_end_appends_successes_and_rebuilds_the_index(project, tmp_path):
     win = Trajectory("lopd-s0-x-0", task.task_id, task.family, 0, ids, mask, [0.0] * len(ids), 10, ep["actions"],
                      ep["observations"], ep["shorts"], 1.0, True)
     tr.pending = []
-    from lopd.bank import bank_frame
+    from lopd.memory.bank import bank_frame
 
     tr.pending += bank_frame([win], {task.task_id: task}, "distill-lopd", tr.bank_version + 1).to_dict("records")
     tr.end_round(0)
@@ -201,11 +202,11 @@ def test_round_end_appends_successes_and_rebuilds_the_index(project, tmp_path):
 
 def test_opsd_step_distills_from_the_base_with_experiences_as_text(project):
     """The teacher is the frozen base reading the retrieved experiences as text; only the student moves."""
-    from lopd.episodes import student_batch
-    from lopd.losses import masked_mean, topm_kl_per_token
-    from lopd.modeling import load_policy
-    from lopd.privilege import context_logp
-    from lopd.scoring import token_logprobs
+    from lopd.policy.modeling import load_policy
+    from lopd.policy.scoring import token_logprobs
+    from lopd.stages.privilege import context_logp
+    from lopd.train.episodes import student_batch
+    from lopd.train.losses import masked_mean, topm_kl_per_token
 
     student, tok = load_policy(layout.policy_path(project), project.model.dtype)
     tr = distill.make_trainer(project, "opsd", student, tok)
@@ -230,7 +231,7 @@ def test_opsd_step_distills_from_the_base_with_experiences_as_text(project):
     assert not same(student0, snapshot(tr.student.named_parameters()))
     assert {"kl", "delta", "new_successes"} <= set(m) and "beta" not in m and m["kl"] > 0
     # The KL matches a recomputation on the pre-step student against the text teacher's top-M.
-    from lopd.teacher import teacher_logprobs, text_teacher_batch
+    from lopd.latent.teacher import teacher_logprobs, text_teacher_batch
 
     with torch.no_grad():
         t = teacher_logprobs(tr.teacher, text_teacher_batch(tok, episodes, texts), torch.zeros(len(episodes), 0, tr.teacher.config.hidden_size),
@@ -259,9 +260,9 @@ def _group(tok, p):
 
 
 def test_grpo_step_raises_the_better_rollout_and_clips(project):
-    from lopd.episodes import student_batch
-    from lopd.grpo import GRPOTrainer, grpo_update
-    from lopd.scoring import token_logprobs
+    from lopd.policy.scoring import token_logprobs
+    from lopd.train.episodes import student_batch
+    from lopd.train.grpo import GRPOTrainer, grpo_update
 
     tok = tiny_tokenizer()
     task, trajs = _group(tok, project)
@@ -301,12 +302,12 @@ def full_run(tmp_path_factory):
     """All five methods, two steps each, through ``distill.run``."""
     import mlflow
 
-    import lopd.embed
-    import lopd.tracking
+    import lopd.memory.embed
+    import lopd.ops.tracking
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(lopd.embed, "make_embedder", lambda p, device=None: FakeEmbedder())
-    mp.setattr(lopd.tracking, "stage_run", lambda *a, **k: contextlib.nullcontext())
+    mp.setattr(lopd.memory.embed, "make_embedder", lambda p, device=None: FakeEmbedder())
+    mp.setattr(lopd.ops.tracking, "stage_run", lambda *a, **k: contextlib.nullcontext())
     for fn in ("log_metrics", "log_metric", "log_artifact", "log_text"):
         mp.setattr(mlflow, fn, lambda *a, **k: None)
     p = build_project(tmp_path_factory.mktemp("full"), "distill.methods=[lopd,opsd,grpo,sft,vanilla]")
@@ -333,7 +334,7 @@ def test_every_method_spends_the_same_budget(full_run):
 
 
 def test_grpo_covers_fewer_tasks_with_groups(project):
-    from lopd.grpo import GRPOTrainer
+    from lopd.train.grpo import GRPOTrainer
 
     tr = GRPOTrainer(project, tiny_model(), tiny_tokenizer())
     assert tr.tasks_per_step * tr.samples_per_task == project.distill.batch_tasks == lopd_trainer(project).tasks_per_step
@@ -363,7 +364,7 @@ class ExpertForSolvable:
     model sample everywhere else."""
 
     def __init__(self, real, tok, p):
-        from lopd.chat import encode, render_prompt
+        from lopd.policy.chat import encode, render_prompt
         from tests.helpers import ReplayBackend
 
         episodes = {}
@@ -395,10 +396,10 @@ def test_resume_reproduces_an_uninterrupted_run_exactly(tmp_path, monkeypatch):
     """
     from safetensors.torch import load_file
 
-    import lopd.policy
+    import lopd.policy.engine
 
-    real = lopd.policy.make_backend
-    monkeypatch.setattr(lopd.policy, "make_backend", lambda kind, model, tok, t, top_p: ExpertForSolvable(real(kind, model, tok, t, top_p), tok, p))
+    real = lopd.policy.engine.make_backend
+    monkeypatch.setattr(lopd.policy.engine, "make_backend", lambda kind, model, tok, t, top_p: ExpertForSolvable(real(kind, model, tok, t, top_p), tok, p))
     extra = ("distill.steps=6", "distill.checkpoint_every=3", "distill.eval_every=2", "distill.rounds=3", "distill.methods=[lopd]",
              "env.max_turns=3")  # the expert solves about half the train tasks in 3 turns
     results = {}

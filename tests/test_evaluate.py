@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from lopd import distill, evaluate, layout
-from lopd.evaluate import behaviour, call_key, first_response_tokens, paired_diff, summarize, t_interval, wilson_interval
-from lopd.rollout import Trajectory
+from lopd import layout
+from lopd.policy.rollout import Trajectory
+from lopd.stages import distill, evaluate
+from lopd.stages.evaluate import behaviour, call_key, first_response_tokens, paired_diff, summarize, t_interval, wilson_interval
 
 CALL = '<tool_call>{{"name": "{n}", "arguments": {a}}}</tool_call>'
 
@@ -114,19 +115,19 @@ def test_missing_students_are_named_before_any_rollout(repo, tmp_path):
 def test_distill_then_evaluate_with_mlflow(tmp_path, monkeypatch):
     import mlflow
 
-    import lopd.embed
-    import lopd.policy
-    from lopd.tracking import tracking_uri
+    import lopd.memory.embed
+    import lopd.policy.engine
+    from lopd.ops.tracking import tracking_uri
     from tests.test_distill import FakeEmbedder, build_project
 
-    monkeypatch.setattr(lopd.embed, "make_embedder", lambda p, device=None: FakeEmbedder())
+    monkeypatch.setattr(lopd.memory.embed, "make_embedder", lambda p, device=None: FakeEmbedder())
     p = build_project(tmp_path, "distill.methods=[lopd,grpo,sft]")
     out = distill.run(p)
     assert out["lopd"]["rollouts"] == out["grpo"]["rollouts"] == out["sft"]["rollouts"] == 8
 
     splits = []
-    real_split = lopd.policy.split_tasks
-    monkeypatch.setattr(lopd.policy, "split_tasks", lambda p, split, n=None: splits.append(split) or real_split(p, split, n))
+    real_split = lopd.policy.engine.split_tasks
+    monkeypatch.setattr(lopd.policy.engine, "split_tasks", lambda p, split, n=None: splits.append(split) or real_split(p, split, n))
     res = evaluate.run(p)
     assert splits == ["test"]  # the test split, and only it
     assert list(res) == ["vanilla", "lopd", "grpo", "sft"]

@@ -30,7 +30,7 @@ def test_flow_runs_every_stage_at_smoke_scale(tmp_path, repo, monkeypatch):
     # one MLflow parent run for the flow run; every stage run nested under it
     import mlflow
 
-    from lopd.tracking import tracking_uri
+    from lopd.ops.tracking import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri(p))
     runs = mlflow.search_runs(experiment_names=[p.tracking.experiment], output_format="list")

@@ -37,9 +37,9 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_the_graph_sees_module_and_function_level_imports():
     g = import_graph()
-    assert "lopd.config" in g["lopd.sweep"]  # module level
-    assert "lopd.layout" in g["lopd.sweep"]  # `from lopd import layout`
-    assert "lopd.kv_backend" in g["lopd.backends"]  # inside make_backend
+    assert "lopd.config" in g["lopd.experiments.sweep"]  # module level
+    assert "lopd.layout" in g["lopd.experiments.sweep"]  # `from lopd import layout`
+    assert "lopd.policy.kv_backend" in g["lopd.policy.backends"]  # inside make_backend
 
 
 def test_no_import_cycles_in_lopd():

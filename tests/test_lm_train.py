@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from lopd.lm_train import IGNORE, collate, lr_at, make_batches, masked_nll, train_causal_lm
+from lopd.train.lm_train import IGNORE, collate, lr_at, make_batches, masked_nll, train_causal_lm
 from tests.helpers import tiny_model, tiny_tokenizer
 
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from lopd.losses import (
+from lopd.train.losses import (
     composer_kl_loss,
     composer_lagrangian,
     dual_update,

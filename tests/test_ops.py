@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -185,12 +185,11 @@ def first_run(served):
 @pytest.mark.slow
 def test_rerun_after_a_failure_resumes_at_the_failed_stage(prefect_server, tmp_path, monkeypatch):
     """A cheap stage registry injected into the real flow, run in-process against a real server."""
+    from prefect.logging.handlers import APILogWorker
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
-    from prefect.logging.handlers import APILogWorker
-
     import flows.lopd_flow as lf
-    from lopd.bank import BankError
+    from lopd.memory.bank import BankError
 
     calls: list[str] = []
     fail: dict[str, type[Exception] | None] = {"c": OSError, "d": None}
@@ -311,7 +310,7 @@ def test_mlflow_server_answers_with_distill_beta_and_delta(served, first_run, tm
 
 _APPEND_ROUND = """
 from lopd import layout
-from lopd.bank import append_round, expert_top_up, read_bank
+from lopd.memory.bank import append_round, expert_top_up, read_bank
 from lopd.config import load_params
 p = load_params("params.yaml", "smoke")
 bank = read_bank(layout.bank_dir(p))
@@ -421,7 +420,7 @@ def test_bank_events_are_inert_without_a_prefect_server(tmp_path):
     code = f"""
 import sys
 import pandas as pd
-from lopd.bank import append_round, expert_top_up
+from lopd.memory.bank import append_round, expert_top_up
 from lopd.config import load_params
 p = load_params({str(REPO / 'params.yaml')!r}, "smoke", ["bank.expert_top_up=3"])
 rows = expert_top_up(p, pd.DataFrame(columns=["task_id"]))

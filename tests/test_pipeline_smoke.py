@@ -5,11 +5,12 @@ import json
 import pandas as pd
 import pytest
 
-from lopd import collect, layout
-from lopd.bank import EXPERT_MODEL
+from lopd import layout
 from lopd.cli import main
 from lopd.config import load_params
-from lopd.validation import DataValidationError
+from lopd.memory.bank import BANK_COLUMNS, EXPERT_MODEL
+from lopd.ops.validation import DataValidationError
+from lopd.stages import collect
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +52,7 @@ def test_collect_writes_validated_rollouts_bank_and_metrics(smoke):
     assert len(row["token_ids"]) == len(row["action_mask"]) == len(row["logprobs"]) == row["n_tokens"]
     assert sum(row["action_mask"]) == row["n_gen_tokens"] > 0
     bank = pd.concat([pd.read_parquet(f) for f in layout.bank_dir(smoke).glob("*.parquet")])
-    assert list(bank.columns) == list(collect.BANK_COLUMNS)
+    assert list(bank.columns) == list(BANK_COLUMNS)
     assert int((bank["model"] != EXPERT_MODEL).sum()) == int(df["success"].sum())
     assert len(bank) >= smoke.bank.expert_top_up  # smoke tops the bank up with scripted-expert successes
     m = json.loads(layout.metrics_path(smoke, "collect").read_text())
@@ -63,7 +64,7 @@ def test_collect_writes_validated_rollouts_bank_and_metrics(smoke):
 def test_each_stage_is_an_mlflow_run_with_params_and_metrics(smoke):
     import mlflow
 
-    from lopd.tracking import tracking_uri
+    from lopd.ops.tracking import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri(smoke))
     runs = mlflow.search_runs(experiment_names=["lopd"], output_format="list")
@@ -83,7 +84,7 @@ def test_lopd_run_is_one_parent_run_with_every_stage_nested(smoke):
 
     import mlflow
 
-    from lopd.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, tracking_uri
+    from lopd.ops.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri(smoke))
     runs = mlflow.search_runs(experiment_names=["lopd"], output_format="list")
@@ -116,7 +117,7 @@ def test_failed_validation_writes_nothing_and_keeps_previous_data(smoke, monkeyp
 
 
 def test_index_writes_a_loadable_index_and_metrics(smoke):
-    from lopd.retrieval import open_retriever
+    from lopd.memory.retrieval import open_retriever
 
     m = json.loads(layout.metrics_path(smoke, "index").read_text())
     assert {"n_entries", "dim", "build_s", "query_ms_p50", "family_precision_at_3", "app_precision_at_3",
@@ -131,8 +132,8 @@ def test_index_writes_a_loadable_index_and_metrics(smoke):
 
 
 def test_privilege_measures_every_context_before_any_latent(smoke):
-    from lopd.privilege import CONTEXTS
-    from lopd.token_kinds import KINDS
+    from lopd.policy.token_kinds import KINDS
+    from lopd.stages.privilege import CONTEXTS
 
     m = json.loads(layout.metrics_path(smoke, "privilege").read_text())
     assert list(m["success"]) == list(m["nll"]) == list(CONTEXTS)

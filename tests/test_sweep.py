@@ -8,9 +8,10 @@ import math
 
 import pytest
 
-from lopd import layout, sweep
+from lopd import layout
 from lopd.cli import main
 from lopd.config import ParamsError, load_params
+from lopd.experiments import sweep
 
 # ----------------------------------------------------------------------------- statistics by hand
 
@@ -67,7 +68,7 @@ def _details(lopd_success, grpo_success, wall=(1.0, 2.0)):
 
 
 def test_report_numbers_by_hand(tmp_path):
-    from lopd import sweep_report
+    from lopd.experiments import sweep_report
 
     details = {0: _details([0.1, 0.3, 0.4], [0.1, 0.2, 0.3]),   # reaches 0.3 at 8 of 16 → 0.5; 2 s·1 / (2·1 s) = 1.0
                1: _details([0.1, 0.2, 0.25], [0.1, 0.2, 0.3])}  # never: flagged, 1.0; wall 2·2 / 2 = 2.0
@@ -225,7 +226,7 @@ def test_every_run_carries_commit_params_hash_and_bank_hash(swept):
 
     import mlflow
 
-    from lopd.tracking import dvc_dir_hash
+    from lopd.ops.tracking import dvc_dir_hash
 
     p, _ = swept
     _client(p)
@@ -243,7 +244,7 @@ def test_every_run_carries_commit_params_hash_and_bank_hash(swept):
 
 
 def test_report_efficiency_is_each_seeds_own_and_plots_are_written(swept):
-    from lopd import distill
+    from lopd.stages import distill
 
     p, result = swept
     eff = result["efficiency"]

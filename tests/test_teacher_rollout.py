@@ -2,13 +2,13 @@
 
 import pytest
 import torch
-
 from helpers import tiny_model, tiny_tokenizer
-from lopd.backends import HFBackend
+
 from lopd.envs.toolworld import ToolWorldEnv, make_tasks
-from lopd.rollout import RolloutEngine
-from lopd.teacher import inject_latents
-from lopd.teacher_rollout import LatentBackend, LatentContextEnv, first_prompt
+from lopd.latent.teacher import inject_latents
+from lopd.latent.teacher_rollout import LatentBackend, LatentContextEnv, first_prompt
+from lopd.policy.backends import HFBackend
+from lopd.policy.rollout import RolloutEngine
 
 N_LATENTS = 3
 

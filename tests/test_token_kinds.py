@@ -5,8 +5,8 @@ from __future__ import annotations
 from helpers import tiny_tokenizer
 
 from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, make_tasks, run_episode
-from lopd.rollout import tokenize_episode
-from lopd.token_kinds import action_token_kinds, convention_start, copy_spans
+from lopd.policy.rollout import tokenize_episode
+from lopd.policy.token_kinds import action_token_kinds, convention_start, copy_spans
 
 
 def test_copy_spans_are_argument_values_without_quotes_or_the_whole_answer():

@@ -5,7 +5,7 @@ from datetime import datetime, timezone
 import pytest
 
 from lopd.config import load_params
-from lopd.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, pipeline_run, pipeline_run_name, stage_run
+from lopd.ops.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, pipeline_run, pipeline_run_name, stage_run
 
 
 def _params(repo, tmp_path):

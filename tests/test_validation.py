@@ -1,4 +1,4 @@
-"""Tests for the Great Expectations data-quality gates in ``lopd.validation``."""
+"""Tests for the Great Expectations data-quality gates in ``lopd.ops.validation``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lopd.validation import DataValidationError, validate_bank, validate_rollouts
+from lopd.ops.validation import DataValidationError, validate_bank, validate_rollouts
 
 N = 20
 THRESHOLD = 0.5

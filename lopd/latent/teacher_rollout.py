@@ -1,0 +1,102 @@
+"""Rolling out the teacher itself: the frozen base with each task's latents in its prompt.
+
+LOPD's teacher is only ever *scored* during training. To see how much privilege its latents
+carry, this plays the teacher as a policy: every episode's first prompt is the student's prompt
+with the framing sentence and ``n_ret × K`` placeholder slots (as in ``lopd.latent.teacher``), and
+:class:`LatentBackend` samples with ``inputs_embeds`` in which those slots hold the latents the
+composer made for that task and its retrieved experiences. Its success rate set beside the base's
+with the experiences as *text* (the ``privilege`` stage's ``retrieved_text``) says whether the
+latents hold what the text holds (``benchmarks/teacher_success.py``).
+
+Every turn re-prefills the conversation (``model.generate`` with ``inputs_embeds``; no cache
+across turns): a diagnostic, not a training path.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from lopd.latent.teacher import add_latent_placeholder, inject_latents
+from lopd.policy.backends import HFBackend
+from lopd.policy.chat import LATENT_PH, encode, render_prompt
+from lopd.policy.generation import Generation
+
+
+class LatentBackend(HFBackend):
+    """``HFBackend`` over ``inputs_embeds``: the placeholder slots of each prompt carry its episode's latents.
+
+    Register each episode's first prompt with :meth:`register`; every later prompt of that
+    episode extends it (the engine's ids are append-only), which is how a prompt finds its latents.
+    """
+
+    def __init__(self, model, tokenizer, temperature: float, top_p: float):
+        super().__init__(model, tokenizer, temperature, top_p)
+        self.slot_id = tokenizer.convert_tokens_to_ids(LATENT_PH)
+        self._latents: dict[tuple[int, ...], torch.Tensor] = {}
+        self._lengths: set[int] = set()
+
+    def register(self, first_prompt: Sequence[int], latents_LD: torch.Tensor) -> None:
+        slots = sum(1 for t in first_prompt if t == self.slot_id)
+        if slots != latents_LD.shape[0]:
+            raise ValueError(f"the prompt has {slots} latent slots, the composer gave {latents_LD.shape[0]} latents")
+        self._latents[tuple(first_prompt)] = latents_LD.detach()
+        self._lengths.add(len(first_prompt))
+
+    def _find(self, prompt: Sequence[int]) -> tuple[int, torch.Tensor]:
+        for n in sorted(self._lengths, reverse=True):
+            hit = self._latents.get(tuple(prompt[:n]))
+            if hit is not None:
+                return n, hit
+        raise KeyError("a prompt that extends no registered first prompt: register every episode before the rollout")
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[Generation]:
+        width = max(len(p) for p in prompts)
+        ids_BT = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask_BT = torch.zeros_like(ids_BT)
+        slots_BT = torch.zeros_like(ids_BT)
+        latents = []
+        for i, p in enumerate(prompts):
+            off = width - len(p)
+            ids_BT[i, off:] = torch.tensor(p)
+            mask_BT[i, off:] = 1
+            n, lat_LD = self._find(p)
+            slots_BT[i, off : off + n] = ids_BT[i, off : off + n] == self.slot_id  # only the first prompt's slots
+            latents.append(lat_LD)
+        device = self.model.device
+        embeds_BTD = inject_latents(self.model, ids_BT.to(device), slots_BT.to(device), torch.stack(latents).to(device))
+        out = self.model.generate(
+            inputs_embeds=embeds_BTD,
+            attention_mask=mask_BT.to(device),
+            do_sample=True,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=0,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=self.stop_ids,
+            pad_token_id=self.pad_id,
+            return_dict_in_generate=True,
+            output_scores=True,
+        )
+        # With inputs_embeds alone, ``sequences`` holds only the new tokens.
+        return self._generations(out.sequences, out)
+
+
+class LatentContextEnv:
+    """A ToolWorld env whose first observation carries ``n_latents`` placeholder slots in the teacher's framing."""
+
+    def __init__(self, env, n_latents: int):
+        self.env, self.task, self.n_latents = env, env.task, n_latents
+
+    def initial_observation(self) -> list[dict]:
+        return add_latent_placeholder(self.env.initial_observation(), placeholder=LATENT_PH * self.n_latents)
+
+    def step(self, action: str):
+        return self.env.step(action)
+
+
+def first_prompt(tokenizer, env) -> list[int]:
+    """The ids the rollout engine starts ``env``'s episode with (``RolloutEngine._start``)."""
+    return encode(tokenizer, render_prompt(tokenizer, env.initial_observation()))

@@ -1,0 +1,110 @@
+"""The GRPO baseline: group-normalised advantages and the clipped ratio, at LOPD's rollout budget.
+
+Per step: ``batch_tasks / G`` train tasks × ``G`` samples (the same ``batch_tasks`` generations
+as one LOPD step, see ``lopd.train.onpolicy``), rewards from the environment, advantages
+``(r − mean_group) / (std_group + ε)`` per task, then ``grpo.updates_per_batch`` Adam steps on
+the token-level clipped surrogate (``lopd.train.losses.grpo_policy_loss``). No KL-to-reference term
+(as DAPO / Dr. GRPO; the spec's baseline does not name one).
+
+Old log-probs (the ratio's denominator). The engine records each token's log-prob under the
+*sampling* distribution (after temperature and top-p), which is not the policy π(·|s) whose
+ratio PPO clips, and top-p renormalisation cannot be undone exactly. So π_old is recomputed by
+the current model at temperature 1, without grad, right before the first update: the ratio is
+then exactly 1 on the first update (a plain policy gradient with group advantages, as TRL with
+one iteration) and the clip acts from the second update on. Temperature 1 is used on both sides
+of the ratio, as in the student's KL of LOPD; the samples still come from the tempered policy,
+the usual approximation.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from lopd.config import Params
+from lopd.policy.scoring import token_logprobs
+from lopd.train.episodes import Episode, Timer, student_batch, to_episodes
+from lopd.train.losses import grpo_advantages, grpo_policy_loss, masked_mean
+from lopd.train.onpolicy import make_adam, optimizer_step
+
+
+def grpo_update(
+    model,
+    opt: torch.optim.Optimizer,
+    episodes: Sequence[Episode],
+    reward_NG: torch.Tensor,
+    *,
+    clip_eps: float,
+    updates: int,
+    grad_clip: float,
+    pad_id: int,
+) -> dict[str, float]:
+    """``updates`` clipped-ratio steps on one group batch; ``episodes`` are task-major (row n·G + g).
+
+    Returns the first update's loss and the mean clip fraction over the updates (the share of
+    action tokens whose ratio left ``[1 − ε, 1 + ε]``).
+    """
+    n, g = reward_NG.shape
+    if len(episodes) != n * g:
+        raise ValueError(f"{len(episodes)} episodes for a {n}×{g} reward grid")
+    device = next(model.parameters()).device
+    adv_B = grpo_advantages(reward_NG.float()).reshape(-1).to(device)
+    ids_BT, attn_BT, mask_BT = (t.to(device) for t in student_batch(episodes, pad_id))
+    with torch.no_grad():  # π_old at temperature 1 (module docstring)
+        _, old_logp_BT = token_logprobs(model, ids_BT, attn_BT, mask_BT)
+    params = [q for q in model.parameters() if q.requires_grad]
+    losses, clip_fracs, norms = [], [], []
+    model.train()
+    for _ in range(updates):
+        _, logp_BT = token_logprobs(model, ids_BT, attn_BT, mask_BT)
+        loss = grpo_policy_loss(logp_BT, old_logp_BT, adv_B, mask_BT, clip_eps)
+        with torch.no_grad():
+            ratio_BT = torch.exp(logp_BT - old_logp_BT)
+            clip_fracs.append(float(masked_mean(((ratio_BT - 1.0).abs() > clip_eps).float(), mask_BT)))
+        norms.append(optimizer_step(opt, loss, params, grad_clip))
+        losses.append(loss.item())
+    model.eval()
+    return {
+        "loss": losses[0],
+        "clip_frac": sum(clip_fracs) / len(clip_fracs),
+        "grad_norm": norms[0],
+        "adv_abs_mean": float(adv_B.abs().mean()),
+        "zero_adv_groups": float((reward_NG.float().std(dim=1) == 0).float().mean()),
+    }
+
+
+class GRPOTrainer:
+    """GRPO on a trainable student; ``step`` consumes one batch of ``G`` rollouts per task."""
+
+    name = "grpo"
+
+    def __init__(self, p: Params, student, tokenizer):
+        self.p, self.student, self.tokenizer = p, student, tokenizer
+        self.samples_per_task = p.grpo.group_size
+        self.tasks_per_step = p.distill.batch_tasks // p.grpo.group_size
+        self.opt = make_adam(student.parameters(), p.grpo.lr)
+        self.timer = Timer()
+
+    def step(self, step: int, tasks: Sequence, trajs: Sequence) -> dict[str, float]:
+        g = self.samples_per_task
+        episodes = to_episodes(self.p, tasks, trajs)
+        reward_NG = torch.tensor([tr.reward for tr in trajs], dtype=torch.float32).reshape(len(trajs) // g, g)
+        with self.timer("policy_update"):
+            return grpo_update(
+                self.student, self.opt, episodes, reward_NG, clip_eps=self.p.grpo.clip_eps,
+                updates=self.p.grpo.updates_per_batch, grad_clip=self.p.distill.grad_clip, pad_id=self.tokenizer.pad_token_id,
+            )
+
+    def end_round(self, round_: int) -> None:
+        """GRPO keeps no bank: nothing to refresh."""
+
+    def save(self, path) -> None:
+        self.student.save_pretrained(path / "student")
+        self.tokenizer.save_pretrained(path / "student")
+
+    def state_dict(self) -> dict:
+        return {"opt": self.opt.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.opt.load_state_dict(state["opt"])
