@@ -25,8 +25,9 @@ from lopd import layout
 from lopd.config import load_params
 from lopd.policy.engine import make_engine, split_tasks
 from lopd.policy.modeling import load_policy
-from lopd.stages.distill import _check_inputs, make_trainer
+from lopd.stages.distill import _check_inputs
 from lopd.train.episodes import Timer
+from lopd.train.loop import make_trainer
 from lopd.train.onpolicy import derive_seed, step_tasks
 
 LOPD_PHASES = ("rollout", "retrieval", "teacher_scoring", "student_update", "composer_update")

@@ -26,7 +26,7 @@ from lopd.config import load_params, validate_params
 from lopd.experiments.sweep import link_shared
 from lopd.io import write_json
 from lopd.ops.tracking import stage_run
-from lopd.stages.distill import train_method
+from lopd.train.loop import train_method
 
 LR_KEYS = {"lopd": ("distill.student_lr", "distill.composer_lr"), "opsd": ("distill.opsd_lr",), "grpo": ("grpo.lr",), "sft": ("distill.sft_lr",)}
 

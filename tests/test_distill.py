@@ -25,9 +25,12 @@ from lopd.memory.bank import BANK_COLUMNS, expert_top_up, read_bank, round_numbe
 from lopd.policy.engine import make_engine, split_tasks
 from lopd.policy.rollout import Trajectory, tokenize_episode
 from lopd.stages import distill
+from lopd.train import loop
 from lopd.train.episodes import to_episodes
+from lopd.train.lopd_trainer import LOPDTrainer
 from lopd.train.losses import dual_update, grpo_advantages
 from lopd.train.onpolicy import rollout_budget, step_tasks
+from lopd.train.opsd_trainer import OPSDTrainer
 from tests.helpers import tiny_model, tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,7 +107,7 @@ def lopd_trainer(p):
     from lopd.policy.modeling import load_policy
 
     student, tok = load_policy(layout.policy_path(p), p.model.dtype)
-    return distill.make_trainer(p, "lopd", student, tok)
+    return loop.make_trainer(p, "lopd", student, tok)
 
 
 def lopd_batch(p, trainer, step: int = 0):
@@ -209,8 +212,8 @@ def test_opsd_step_distills_from_the_base_with_experiences_as_text(project):
     from lopd.train.losses import masked_mean, topm_kl_per_token
 
     student, tok = load_policy(layout.policy_path(project), project.model.dtype)
-    tr = distill.make_trainer(project, "opsd", student, tok)
-    assert isinstance(tr, distill.OPSDTrainer) and not isinstance(tr, distill.LOPDTrainer) and not hasattr(tr, "composer")
+    tr = loop.make_trainer(project, "opsd", student, tok)
+    assert isinstance(tr, OPSDTrainer) and not isinstance(tr, LOPDTrainer) and not hasattr(tr, "composer")
     assert not any(q.requires_grad for q in tr.teacher.parameters())
     tasks, trajs = lopd_batch(project, tr)
     episodes = to_episodes(project, tasks, trajs)

@@ -33,6 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from lopd import layout
 from lopd.io import atomic_path
 from lopd.memory import index as faiss_index
 
@@ -222,10 +223,30 @@ def scope_of(p) -> str | None:
 
 def open_retriever(p, embedder=None) -> Retriever:
     """The Retriever the params describe: ``data/index``, the configured embedder, dev/test ids blocked."""
-    from lopd import layout
     from lopd.memory.embed import make_embedder
 
     r = p.retrieval
     return load_retriever(layout.index_dir(p), embedder or make_embedder(p), held_out_task_ids(p), r.n_ret,
                           use_gpu=r.faiss_gpu, nprobe=r.ivf_nprobe, ef_search=r.hnsw_ef_search,
                           scope=scope_of(p))
+
+
+def refresh_retriever(p, bank_dir: Path, index_dir: Path, embedder) -> Retriever:
+    """Re-embed (cached by content) and re-index the bank at ``bank_dir``; write the index to ``index_dir``.
+
+    A light version of the ``index`` stage: no MLflow run, no dev metrics.
+    """
+    import faiss
+
+    from lopd.memory.bank import read_bank
+    from lopd.memory.embed import embed_texts
+
+    r = p.retrieval
+    bank = read_bank(bank_dir)
+    vecs, _ = embed_texts(embedder, entry_texts(bank, r.embed_text), layout.embed_cache_dir(p), r.batch_size)
+    index = faiss_index.from_params(vecs, r, seed=p.seed)
+    manifest = {"embedder": embedder.name, "embedder_fingerprint": embedder.fingerprint, "dim": embedder.dim,
+                "embed_text": r.embed_text, "index": r.index, "n_entries": len(bank), "faiss_version": faiss.__version__,
+                "seed": p.seed, "source": str(bank_dir)}
+    write_index_dir(index_dir, index, vecs, bank, manifest)
+    return Retriever(index, bank, embedder, held_out_task_ids(p), r.n_ret, scope=scope_of(p))
