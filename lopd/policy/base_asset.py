@@ -112,5 +112,5 @@ Seed {r['seed']}; pre-training took {record['pretrain_s'] / 60:.1f} min ({record
 | scripted expert success (min over splits) | {m['expert_success_rate']:.3f} |
 | teacher-forced action exact match | {acc} |
 
-`tests/test_base_asset.py` loads this directory and checks that the dev success above reproduces.
+`tests/policy/test_base_asset.py` loads this directory and checks that the dev success above reproduces.
 """

@@ -118,7 +118,7 @@ def test_distill_then_evaluate_with_mlflow(tmp_path, monkeypatch):
     import lopd.memory.embed
     import lopd.policy.engine
     from lopd.ops.tracking import tracking_uri
-    from tests.test_distill import FakeEmbedder, build_project
+    from tests.train.test_distill import FakeEmbedder, build_project
 
     monkeypatch.setattr(lopd.memory.embed, "make_embedder", lambda p, device=None: FakeEmbedder())
     p = build_project(tmp_path, "distill.methods=[lopd,grpo,sft]")

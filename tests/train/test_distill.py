@@ -33,7 +33,7 @@ from lopd.train.onpolicy import rollout_budget, step_tasks
 from lopd.train.opsd_trainer import OPSDTrainer
 from tests.helpers import tiny_model, tiny_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DIM = 16
 # Smoke profile, made smaller still: 2 turns of 8 tokens, 2 experiences of 4 latents.
 OVERRIDES = [

@@ -17,7 +17,7 @@ from lopd.policy.rollout import tokenize_episode
 from lopd.stages import cold_start
 from lopd.train.episodes import replay_entry
 from tests.helpers import tiny_model, tiny_tokenizer
-from tests.test_retrieval import retriever_for
+from tests.memory.test_retrieval import retriever_for
 
 
 def _params(repo, **over):
