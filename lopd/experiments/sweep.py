@@ -18,7 +18,7 @@ sft also the bank; lopd also the index and the composer.
 
 MLflow: a parent run ``sweep-<profile>`` (tag ``stage = sweep``) with one child run
 ``sweep-<method>-seed<k>`` per (method, seed) (nested: tag ``mlflow.parentRunId``), each
-holding that method's final numbers under the names of :data:`METRICS`. Each method's
+holding that method's final numbers under the names of :data:`lopd.experiments.tables.METRICS`. Each method's
 ``distill-<method>-seed<k>`` stage run (its training curve) is nested under that child; the
 seed's ``evaluate`` and ``distill-summary`` runs carry the tag ``sweep_run_id``. The parent holds,
 per method and metric, ``<method>/<metric>/{mean,std,ci_low,ci_high}`` (Student-t interval at
@@ -28,19 +28,16 @@ per method and metric, ``<method>/<metric>/{mean,std,ci_low,ci_high}`` (Student-
 
 from __future__ import annotations
 
-import csv
-import io
 import logging
-import math
 import os
 import re
 import shutil
-import statistics
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from lopd import layout
 from lopd.config import Params, ParamsError, validate_params
+from lopd.experiments.tables import aggregate_table, child_metrics, csv_table, markdown_table
 from lopd.io import atomic_path, read_json, write_json
 from lopd.stages import STAGES
 from lopd.train.onpolicy import METHODS, check_methods
@@ -49,21 +46,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SEEDS = (0, 1, 2)
 DEFAULT_METHODS = ("lopd", "opsd", "grpo", "vanilla", "sft")
-
-# child metric name -> (stage whose result holds it, key in that stage's per-method result)
-METRICS: dict[str, tuple[str, str]] = {
-    "final_dev_reward": ("distill", "final_dev_reward"),
-    "final_dev_success": ("distill", "final_dev_success"),
-    "rollouts": ("distill", "rollouts"),
-    "test_success_rate": ("evaluate", "success_rate"),
-    "test_mean_reward": ("evaluate", "mean_reward"),
-    "test_success_pretrain": ("evaluate", "success_by_group.pretrain"),  # apps the base was pre-trained on
-    "test_success_new": ("evaluate", "success_by_group.new"),
-    "test_tool_calls_per_turn": ("evaluate", "tool_calls_per_turn"),
-    "test_turns": ("evaluate", "turns"),
-    "test_first_response_tokens": ("evaluate", "first_response_tokens"),
-    "test_repeated_calls": ("evaluate", "repeated_calls"),
-}
 
 # The stages that do not depend on the sweep's seed, in pipeline order, and what each needs.
 SHARED_STAGES = ("bootstrap", "collect", "index", "cold_start")
@@ -108,72 +90,6 @@ def parse_methods(text: str | Sequence[str]) -> list[str]:
     if unknown or not methods or len(set(methods)) != len(methods):
         raise ParamsError(f"--methods {text!r}: name each method once, from {', '.join(METHODS)}")
     return methods
-
-
-# ----------------------------------------------------------------------------- statistics
-
-
-def aggregate(values: Sequence[float], ci: float) -> dict:
-    """n, mean, sample std (n − 1) and the Student-t interval of the mean at confidence ``ci``.
-
-    std and the interval are None below two values.
-    """
-    from lopd.stages.evaluate import t_interval
-
-    vals = [float(v) for v in values]
-    mean, lo, hi = t_interval(vals, ci)
-    return {"n": len(vals), "mean": mean, "std": statistics.stdev(vals) if len(vals) > 1 else None, "ci_low": lo, "ci_high": hi}
-
-
-def aggregate_table(per_seed: Mapping[str, Mapping[int, Mapping[str, float]]], ci: float) -> dict[str, dict[str, dict]]:
-    """``{method: {seed: {metric: value}}}`` → ``{method: {metric: aggregate(...)}}`` over the seeds."""
-    out: dict[str, dict[str, dict]] = {}
-    for method, by_seed in per_seed.items():
-        out[method] = {}
-        for metric in METRICS:
-            vals = [m[metric] for m in by_seed.values() if metric in m and m[metric] is not None]
-            if vals:
-                out[method][metric] = {**aggregate(vals, ci), "values": vals}
-    return out
-
-
-def _fmt(x: float | None, digits: int = 3) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
-
-
-def markdown_table(agg: Mapping[str, Mapping[str, dict]], seeds: Sequence[int], ci: float) -> str:
-    """One row per method, one column per metric: ``mean ± std [ci_low, ci_high]``."""
-    metrics = [m for m in METRICS if any(m in row for row in agg.values())]
-    lines = [
-        f"Mean ± sample std over seeds {', '.join(map(str, seeds))} (n = {len(seeds)}); "
-        f"[{ci:.0%} Student-t interval of the mean].",
-        "",
-        "| method | " + " | ".join(metrics) + " |",
-        "|---|" + "---|" * len(metrics),
-    ]
-    for method, row in agg.items():
-        cells = []
-        for m in metrics:
-            a = row.get(m)
-            cells.append("—" if a is None else f"{_fmt(a['mean'])} ± {_fmt(a['std'])} [{_fmt(a['ci_low'])}, {_fmt(a['ci_high'])}]")
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-CSV_FIELDS = ("method", "metric", "n", "mean", "std", "ci_low", "ci_high")
-
-
-def csv_table(agg: Mapping[str, Mapping[str, dict]], per_seed: Mapping[str, Mapping[int, Mapping[str, float]]], seeds: Sequence[int]) -> str:
-    """Long format: one row per (method, metric) with the aggregate and each seed's value (``seed<k>``)."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow([*CSV_FIELDS, *(f"seed{k}" for k in seeds)])
-    for method, row in agg.items():
-        for metric, a in row.items():
-            vals = [per_seed[method].get(k, {}).get(metric) for k in seeds]
-            w.writerow([method, metric, a["n"], *("" if a[f] is None else repr(float(a[f])) for f in CSV_FIELDS[3:]),
-                        *("" if v is None else repr(float(v)) for v in vals)])
-    return buf.getvalue()
 
 
 # ----------------------------------------------------------------------------- where things live
@@ -288,19 +204,6 @@ def plan_shared(p: Params, methods: Sequence[str]) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- the sweep
-
-
-def child_metrics(method: str, distill: Mapping, evaluate: Mapping) -> dict[str, float]:
-    """A method's :data:`METRICS` from one seed's ``distill`` and ``evaluate`` results."""
-    source = {"distill": distill.get(method, {}), "evaluate": evaluate.get(method, {})}
-    out = {}
-    for name, (stage, key) in METRICS.items():
-        v = source[stage]
-        for part in key.split("."):  # "success_by_group.new": a nested value
-            v = v.get(part) if isinstance(v, dict) else None
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
-            out[name] = float(v)
-    return out
 
 
 def run(p: Params, seeds: Sequence[int] | str = DEFAULT_SEEDS, methods: Sequence[str] | str = DEFAULT_METHODS,

@@ -25,7 +25,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from lopd.config import Params
-from lopd.experiments.sweep import aggregate, aggregate_table, child_metrics, csv_table, markdown_table, now_ms
+from lopd.experiments.sweep import now_ms
+from lopd.experiments.tables import aggregate, aggregate_table, child_metrics, csv_table, markdown_table
 from lopd.io import atomic_path, read_json, write_json
 from lopd.stages.distill import efficiency
 
@@ -51,7 +52,7 @@ def seed_details(sweep_json: Path) -> tuple[dict, dict[int, dict]]:
     """The sweep's record and, per seed, ``details`` of its ``metrics/distill.json`` (method → curve, history, ...).
 
     The record's ``per_seed`` and ``aggregate`` are recomputed from the seeds' ``distill.json``
-    and ``evaluate.json`` with :data:`lopd.experiments.sweep.METRICS`, so a metric added there reaches
+    and ``evaluate.json`` with :data:`lopd.experiments.tables.METRICS`, so a metric added there reaches
     sweeps that ran before it.
     """
     sweep = read_json(sweep_json)

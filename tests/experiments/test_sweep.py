@@ -11,7 +11,7 @@ import pytest
 from lopd import layout
 from lopd.cli import main
 from lopd.config import ParamsError, load_params
-from lopd.experiments import sweep
+from lopd.experiments import sweep, tables
 
 # ----------------------------------------------------------------------------- statistics by hand
 
@@ -20,7 +20,7 @@ T975_DF2 = 4.302652729749464  # 2 degrees of freedom (tables: 4.303)
 
 
 def test_aggregate_three_values_by_hand():
-    a = sweep.aggregate([0.2, 0.4, 0.9], 0.95)
+    a = tables.aggregate([0.2, 0.4, 0.9], 0.95)
     # mean 0.5; deviations -0.3, -0.1, 0.4 → sum of squares 0.26, / (n-1) = 0.13
     sd = math.sqrt(0.13)
     half = T975_DF2 * sd / math.sqrt(3)
@@ -32,20 +32,20 @@ def test_aggregate_three_values_by_hand():
 
 
 def test_aggregate_two_values_and_one_value():
-    a = sweep.aggregate([1.0, 3.0], 0.95)
+    a = tables.aggregate([1.0, 3.0], 0.95)
     # mean 2, std sqrt(2), half width t * sqrt(2) / sqrt(2) = t
     assert (a["mean"], a["std"]) == (pytest.approx(2.0), pytest.approx(math.sqrt(2)))
     assert (a["ci_low"], a["ci_high"]) == (pytest.approx(2 - T975_DF1, abs=1e-9), pytest.approx(2 + T975_DF1, abs=1e-9))
-    one = sweep.aggregate([0.7], 0.95)
+    one = tables.aggregate([0.7], 0.95)
     assert one == {"n": 1, "mean": 0.7, "std": None, "ci_low": None, "ci_high": None}
-    wider = sweep.aggregate([0.2, 0.4, 0.9], 0.99)
+    wider = tables.aggregate([0.2, 0.4, 0.9], 0.99)
     assert wider["ci_high"] - wider["ci_low"] > 2 * T975_DF2 * math.sqrt(0.13) / math.sqrt(3)
 
 
 def test_tables_carry_the_aggregate_and_every_seed():
     per_seed = {"lopd": {0: {"test_success_rate": 0.25, "rollouts": 8.0}, 1: {"test_success_rate": 0.75, "rollouts": 8.0}},
                 "vanilla": {0: {"test_success_rate": 0.5, "rollouts": 0.0}, 1: {"test_success_rate": 0.5, "rollouts": 0.0}}}
-    agg = sweep.aggregate_table(per_seed, 0.95)
+    agg = tables.aggregate_table(per_seed, 0.95)
     assert agg["lopd"]["test_success_rate"]["mean"] == 0.5 and agg["lopd"]["test_success_rate"]["values"] == [0.25, 0.75]
     assert agg["vanilla"]["test_success_rate"]["std"] == 0.0
     rows = list(csv.DictReader(io.StringIO(sweep.csv_table(agg, per_seed, [0, 1]))))
@@ -154,7 +154,7 @@ def test_one_parent_with_one_child_per_method_and_seed(swept):
     for r in kids:
         assert r.info.run_name == f"sweep-{r.data.tags['method']}-seed{r.data.tags['seed']}"
         assert r.info.status == "FINISHED"
-        assert set(r.data.metrics) == set(sweep.METRICS)  # the same names in every child
+        assert set(r.data.metrics) == set(tables.METRICS)  # the same names in every child
     vanilla = [r for r in kids if r.data.tags["method"] == "vanilla"]
     assert all(r.data.metrics["rollouts"] == 0 for r in vanilla)  # the base, not trained
     lopd = [r for r in kids if r.data.tags["method"] == "lopd"]
@@ -171,7 +171,7 @@ def test_aggregate_artifact_equals_mean_and_std_of_the_children(swept, tmp_path)
     kids = _children(p, result["parent_run_id"])
     path = mlflow.artifacts.download_artifacts(run_id=result["parent_run_id"], artifact_path="sweep.csv", dst_path=str(tmp_path))
     rows = list(csv.DictReader(open(path)))
-    assert {(r["method"], r["metric"]) for r in rows} == {(m, k) for m in METHODS for k in sweep.METRICS}
+    assert {(r["method"], r["metric"]) for r in rows} == {(m, k) for m in METHODS for k in tables.METRICS}
     parent = _client(p).get_run(result["parent_run_id"])
     nonzero_std = 0
     for row in rows:
@@ -308,4 +308,4 @@ def test_prefect_flow_calls_the_sweep(swept, repo):
     out = sweep_flow.fn(str(repo / "params.yaml"), "smoke", overrides, seeds=[2], methods=["vanilla"])
     assert out["shared_stages_run"] == [] and out["parent_run_id"] != first["parent_run_id"]
     assert len(_children(p, out["parent_run_id"])) == 1
-    assert set(out["per_seed"]["vanilla"]["2"]) == set(sweep.METRICS)
+    assert set(out["per_seed"]["vanilla"]["2"]) == set(tables.METRICS)
