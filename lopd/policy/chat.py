@@ -39,12 +39,15 @@ class ChatFormat:
 
     ``after_eos``: text the template puts after an assistant's ``<|im_end|>`` (Qwen3: ``"\\n"``).
     ``tool_prefix`` / ``tool_suffix``: what frames a tool result, generation prompt included.
+    ``user_prefix`` / ``user_suffix``: the same for a new user message (multi-turn benchmarks such as BFCL).
     """
 
     after_eos: str
     tool_prefix: str
     tool_suffix: str
     eos_token: str
+    user_prefix: str
+    user_suffix: str
 
     @classmethod
     def from_tokenizer(cls, tokenizer) -> "ChatFormat":
@@ -63,16 +66,23 @@ class ChatFormat:
         if not text_t.startswith(text_a):
             raise ValueError("chat template is not append-only across a tool turn; multi-turn rollouts need it")
         prefix, _, suffix = text_t[len(text_a):].partition(_MARK)
-        return cls(after_eos=after_eos, tool_prefix=prefix, tool_suffix=suffix, eos_token=eos)
+        text_u = render(with_action + [{"role": "user", "content": _MARK}], True)
+        if not text_u.startswith(text_a):
+            raise ValueError("chat template is not append-only across a user turn; multi-turn rollouts need it")
+        user_prefix, _, user_suffix = text_u[len(text_a):].partition(_MARK)
+        return cls(after_eos=after_eos, tool_prefix=prefix, tool_suffix=suffix, eos_token=eos,
+                   user_prefix=user_prefix, user_suffix=user_suffix)
 
-    def observation_chunk(self, observation: str, closed: bool) -> str:
-        """Text appended after an assistant action: tool response + the next generation prompt.
+    def observation_chunk(self, observation: str, closed: bool, role: str = "tool") -> str:
+        """Text appended after an assistant action: a tool response (or, ``role="user"``, the user's
+        next message) + the next generation prompt.
 
         ``closed``: whether the action already ended with the eos token (else it was cut at
         ``max_new_tokens`` and we close the turn ourselves).
         """
         close = "" if closed else self.eos_token
-        return f"{close}{self.after_eos}{self.tool_prefix}{observation}{self.tool_suffix}"
+        prefix, suffix = (self.user_prefix, self.user_suffix) if role == "user" else (self.tool_prefix, self.tool_suffix)
+        return f"{close}{self.after_eos}{prefix}{observation}{suffix}"
 
 
 def _template_kwargs(tokenizer) -> dict:

@@ -149,7 +149,8 @@ class RolloutEngine:
         if result.done:
             return self._finish(traj, result)
         traj.observations.append(result.observation or "")
-        chunk = encode(self.tokenizer, self.fmt.observation_chunk(result.observation or "", closed=gen.stopped))
+        role = result.info.get("observation_role", "tool")  # BFCL: the next user turn arrives as a user message
+        chunk = encode(self.tokenizer, self.fmt.observation_chunk(result.observation or "", closed=gen.stopped, role=role))
         traj.append(chunk, is_action=False)
         if len(traj.token_ids) + self.max_new_tokens > self.max_seq_len:
             # Out of context: end the episode as if the agent gave up; the env scores the state.

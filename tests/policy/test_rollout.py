@@ -51,6 +51,8 @@ def test_chat_format_is_qwen3_style():
         "\n<|im_start|>user\n<tool_response>\nOBS\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     )
     assert fmt.observation_chunk("OBS", closed=False).startswith("<|im_end|>\n")
+    # a new user message (BFCL's next turn), framed by the template's own user turn
+    assert fmt.observation_chunk("NEXT", closed=True, role="user") == "\n<|im_start|>user\nNEXT<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_engine_replaying_the_expert_succeeds_and_matches_tokenize_episode():
