@@ -10,11 +10,14 @@ MLFLOW_PORT  ?= 5000
 
 .PHONY: install run test bench repro clean-outputs serve ui
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# constraints.txt pins torch==2.13.0: on CPU machines the local CPU build, never a CUDA wheel.
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	# BFCL v4 (data, function docs, executable backends) without its dependencies: it pins numpy 1.26.4,
+	# faiss-cpu 1.11.0 and a dozen API clients; the eight multi-turn backends need only mpmath (README: BFCL).
+	$(BIN)/pip install -q --no-deps bfcl-eval==2026.3.23
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -182,10 +182,27 @@ class GRPOParams(_Section):
     updates_per_batch: int = Field(1, ge=1, description="Optimiser steps per rollout batch (μ); above 1 the rollouts go off-policy and the ratio clip acts")
 
 
+# What evaluate.benchmarks may name (lopd.envs.bfcl.data.CATEGORIES' keys, listed here so that reading
+# params does not import the BFCL environment; tests/envs/test_bfcl.py checks the two agree).
+BENCHMARKS = ("toolworld", "bfcl_multi_turn_base", "bfcl_multi_turn_long_context", "bfcl_multi_turn_miss_func", "bfcl_multi_turn_miss_param")
+
+
 class EvaluateParams(_Section):
     n_tasks: int = Field(300, ge=1, description="Test tasks evaluated")
     samples_per_task: int = Field(4, ge=1, description="k samples per task for the success estimate")
     ci: float = Field(0.95, gt=0.0, lt=1.0, description="Confidence level of reported intervals")
+    benchmarks: list[str] = Field(["toolworld"], description="Benchmarks every student is evaluated on: toolworld (the test split; always), plus any of bfcl_multi_turn_{base,long_context,miss_func,miss_param}")
+    bfcl_n_tasks: int = Field(200, ge=1, description="Entries of each BFCL category evaluated (200 = all)")
+
+    @field_validator("benchmarks")
+    @classmethod
+    def _known_benchmarks(cls, v: list[str]) -> list[str]:
+        allowed = list(BENCHMARKS)
+        unknown = [b for b in v if b not in allowed]
+        if unknown or "toolworld" not in v or len(set(v)) != len(v):
+            raise ValueError(f"evaluate.benchmarks = {v} is invalid: list toolworld (always evaluated) and any of "
+                             f"{allowed[1:]}, each once, e.g. [toolworld, bfcl_multi_turn_base]")
+        return v
 
 
 class TrackingParams(_Section):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from lopd.config import Params
 from lopd.envs.toolworld import ToolWorldEnv, make_tasks
@@ -10,12 +10,13 @@ from lopd.policy.backends import make_backend
 from lopd.policy.rollout import RolloutEngine
 
 
-def make_engine(p: Params, model, tokenizer) -> RolloutEngine:
+def make_engine(p: Params, model, tokenizer, make_env: Callable[[object], object] | None = None) -> RolloutEngine:
+    """The rollout engine of ``rollout.*``; episodes are ToolWorld's unless ``make_env`` builds another env (BFCL)."""
     backend = make_backend(p.rollout.backend, model, tokenizer, p.rollout.temperature, p.rollout.top_p)
     return RolloutEngine(
         backend,
         tokenizer,
-        make_env=lambda task: ToolWorldEnv(task, max_turns=p.env.max_turns, success_threshold=p.env.success_threshold),
+        make_env=make_env or (lambda task: ToolWorldEnv(task, max_turns=p.env.max_turns, success_threshold=p.env.success_threshold)),
         max_new_tokens=p.rollout.max_new_tokens,
         batch_size=p.rollout.batch_size,
         max_seq_len=getattr(model.config, "max_position_embeddings", 1 << 15),

@@ -15,6 +15,11 @@ the same seed for every method (common random numbers), then
   an earlier call of the same episode: same name and arguments, or the same raw text when the
   call does not parse).
 
+Each BFCL category named in ``evaluate.benchmarks`` (``bfcl_multi_turn_base`` …) evaluates every
+student there too (``lopd.envs.bfcl``, one sample per entry): success (every turn passes, BFCL's
+accuracy) and reward (turns passed), under ``benchmarks.<name>.<method>`` in ``evaluate.json``. A model
+whose context cannot hold the category's prompts gets one line saying so instead of a score.
+
 Writes ``metrics/evaluate.json`` and the table ``metrics/evaluate.md``; logs both to MLflow.
 """
 
@@ -210,6 +215,64 @@ def markdown_table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ----------------------------------------------------------------------------- BFCL multi-turn
+
+
+_WARNED: set[str] = set()
+
+
+def bfcl_prompt_tokens(tokenizer, tasks: Sequence) -> list[int]:
+    """Tokens of each task's first prompt (system + tools + first user turn) in ``tokenizer``'s chat template."""
+    from lopd.envs.bfcl import BFCLEnv
+    from lopd.policy.chat import encode, render_prompt
+
+    return [len(encode(tokenizer, render_prompt(tokenizer, BFCLEnv(t).initial_observation()))) for t in tasks]
+
+
+def evaluate_bfcl(p: Params, benchmark: str, model, tokenizer, seed: int) -> dict:
+    """One student on one BFCL category: success (every turn passes) and reward (turns passed), or why it cannot run.
+
+    A model whose context cannot hold the category's prompts gets ``status = "skipped_context"`` and one
+    line naming the tokens needed and the model's limit: not a crash, not a silent zero.
+    """
+    from lopd.envs.bfcl import BFCLEnv, load_tasks
+    from lopd.policy.engine import make_engine
+
+    tasks = load_tasks(benchmark, p.evaluate.bfcl_n_tasks)
+    lengths = sorted(bfcl_prompt_tokens(tokenizer, tasks))
+    context = getattr(model.config, "max_position_embeddings", None)
+    info = {"n_tasks": len(tasks), "prompt_tokens_median": lengths[len(lengths) // 2], "prompt_tokens_max": lengths[-1], "context": context}
+    if context is not None and lengths[-1] + p.rollout.max_new_tokens > context:
+        line = (f"{benchmark}: not evaluated: its first prompts need up to {lengths[-1]} tokens (median {info['prompt_tokens_median']}) "
+                f"plus rollout.max_new_tokens = {p.rollout.max_new_tokens}, over this model's context of {context} tokens "
+                "(config.max_position_embeddings); evaluate a checkpoint with a longer context (model.path)")
+        if line not in _WARNED:  # one line per benchmark and context, not one per student
+            _WARNED.add(line)
+            log.warning(line)
+        return {**info, "status": "skipped_context", "reason": line}
+    trajs = make_engine(p, model, tokenizer, make_env=BFCLEnv).run(tasks, 1, seed=seed, id_prefix=benchmark)
+    succ, rew = [float(t.success) for t in trajs], [float(t.reward) for t in trajs]
+    s_mean, s_lo, s_hi = t_interval(succ, p.evaluate.ci, bounds=(0.0, 1.0))
+    r_mean, r_lo, r_hi = t_interval(rew, p.evaluate.ci, bounds=(0.0, 1.0))
+    return {**info, "status": "ok", "success_rate": s_mean, "success_ci": [s_lo, s_hi], "mean_reward": r_mean, "reward_ci": [r_lo, r_hi],
+            "truncated": sum(t.truncated for t in trajs)}
+
+
+def bfcl_table(benchmarks: dict) -> str:
+    """One row per (benchmark, method): BFCL accuracy and turn reward, or the reason it was not run."""
+    lines = ["", "BFCL multi-turn (success = every turn passes, BFCL's accuracy; reward = share of turns passed).", "",
+             "| benchmark | method | success | CI | reward | prompt tokens (median / max) | context | note |", "|---|---|---|---|---|---|---|---|"]
+    for name, by_method in benchmarks.items():
+        for m, r in by_method.items():
+            ok = r["status"] == "ok"
+            cell = (lambda v: f"{v:.3f}") if ok else (lambda v: "—")
+            ci = f"[{r['success_ci'][0]:.3f}, {r['success_ci'][1]:.3f}]" if ok and r["success_ci"][0] is not None else "—"
+            lines.append(f"| {name} | {m} | {cell(r.get('success_rate'))} | {ci} | {cell(r.get('mean_reward'))} "
+                         f"| {r['prompt_tokens_median']} / {r['prompt_tokens_max']} | {r['context']} | {'' if ok else 'not run: context'} |")
+    reasons = dict.fromkeys(r["reason"] for by in benchmarks.values() for r in by.values() if r["status"] != "ok")
+    return "\n".join(lines + [""] + [f"- {line}" for line in reasons]) + "\n"
+
+
 # ----------------------------------------------------------------------------- the stage
 
 
@@ -236,6 +299,8 @@ def run(p: Params) -> dict:
     tasks = split_tasks(p, "test", p.evaluate.n_tasks)
     k, ci = p.evaluate.samples_per_task, p.evaluate.ci
     results, trajs_by_method = {}, {}
+    extra = [b for b in p.evaluate.benchmarks if b != "toolworld"]
+    benchmarks: dict[str, dict] = {b: {} for b in extra}
     with stage_run(p, "evaluate"):
         for m in methods:
             model, tok = load_policy(paths[m], p.model.dtype)
@@ -244,12 +309,20 @@ def run(p: Params) -> dict:
             if m != "vanilla":
                 results[m]["reward_diff_vs_vanilla"] = paired_diff(trajs, trajs_by_method["vanilla"], ci)
             log.info("evaluate %s: success %.3f, reward %.3f", m, results[m]["success_rate"], results[m]["mean_reward"])
+            for b in extra:  # the same student on each requested BFCL category
+                benchmarks[b][m] = evaluate_bfcl(p, b, model, tok, seed=derive_seed(p.seed, b))
             del model
-        table = markdown_table(results)
+        table = markdown_table(results) + (bfcl_table(benchmarks) if extra else "")
+        if extra:  # under each benchmark's name; the top-level keys stay the methods' ToolWorld results
+            results["benchmarks"] = benchmarks
+            mlflow.log_metrics({f"{b}_{m}_{key}": float(r[key]) for b, by in benchmarks.items() for m, r in by.items()
+                                for key in ("success_rate", "mean_reward") if r["status"] == "ok"})
         write_json(layout.metrics_path(p, "evaluate"), results)
         with atomic_path(layout.metrics_path(p, "evaluate").with_suffix(".md")) as tmp:
             tmp.write_text(table)
         for m, r in results.items():
+            if m == "benchmarks":
+                continue
             mlflow.log_metrics({f"{m}_{key}": float(v) for key, v in r.items() if isinstance(v, (int, float)) and v == v})
         mlflow.log_text(table, "evaluate.md")
     return results
