@@ -31,6 +31,7 @@ QWEN3_LITE_TEMPLATE = (
 )
 
 _MARK = "\u2063LOPD_MARK\u2063"  # an action text no template will contain
+_OBS = "\u2063LOPD_OBS\u2063"  # an observation text, likewise
 
 
 @dataclass(frozen=True)
@@ -51,26 +52,36 @@ class ChatFormat:
 
     @classmethod
     def from_tokenizer(cls, tokenizer) -> "ChatFormat":
+        """Read the pieces off the template: what follows an assistant action's eos in a rendered conversation.
+
+        Only the text *after* the action is used. A real Qwen3 template renders the last assistant
+        turn with an empty ``<think>`` block that the same turn loses once it is history, so a
+        re-rendered conversation is not an extension of the previous rendering; the rollout never
+        re-renders (its token ids are what the policy saw), it only needs these appended pieces.
+        """
         base = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
         with_action = base + [{"role": "assistant", "content": _MARK}]
         render = lambda msgs, gen: tokenizer.apply_chat_template(  # noqa: E731
             msgs, tokenize=False, add_generation_prompt=gen, **_template_kwargs(tokenizer)
         )
         eos = tokenizer.eos_token or IM_END
-        text_a = render(with_action, False)
-        head, _, tail = text_a.partition(_MARK)
+        _, _, tail = render(with_action, False).partition(_MARK)
         if not tail.startswith(eos):
             raise ValueError(f"chat template does not end assistant turns with the eos token {eos!r}")
         after_eos = tail[len(eos):]
-        text_t = render(with_action + [{"role": "tool", "content": _MARK}], True)
-        if not text_t.startswith(text_a):
-            raise ValueError("chat template is not append-only across a tool turn; multi-turn rollouts need it")
-        prefix, _, suffix = text_t[len(text_a):].partition(_MARK)
-        text_u = render(with_action + [{"role": "user", "content": _MARK}], True)
-        if not text_u.startswith(text_a):
-            raise ValueError("chat template is not append-only across a user turn; multi-turn rollouts need it")
-        user_prefix, _, user_suffix = text_u[len(text_a):].partition(_MARK)
-        return cls(after_eos=after_eos, tool_prefix=prefix, tool_suffix=suffix, eos_token=eos,
+        gen_prompt = render(base, True)[len(render(base, False)):]  # e.g. "<|im_start|>assistant\n" (+ empty think block)
+
+        def framing(role: str) -> tuple[str, str]:
+            _, _, rest = render(with_action + [{"role": role, "content": _OBS}], True).partition(_MARK + eos)
+            if not rest.startswith(after_eos) or _OBS not in rest:
+                raise ValueError(f"chat template renders a {role} turn after an assistant turn in a way multi-turn rollouts cannot append")
+            prefix, _, suffix = rest[len(after_eos):].partition(_OBS)
+            if not suffix.endswith(gen_prompt):
+                raise ValueError(f"chat template's generation prompt after a {role} turn differs from the first one ({gen_prompt!r})")
+            return prefix, suffix
+
+        (tool_prefix, tool_suffix), (user_prefix, user_suffix) = framing("tool"), framing("user")
+        return cls(after_eos=after_eos, tool_prefix=tool_prefix, tool_suffix=tool_suffix, eos_token=eos,
                    user_prefix=user_prefix, user_suffix=user_suffix)
 
     def observation_chunk(self, observation: str, closed: bool, role: str = "tool") -> str:
