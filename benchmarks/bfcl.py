@@ -16,7 +16,6 @@ Per category (``multi_turn_base``, ``long_context``, ``miss_func``, ``miss_param
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from statistics import median
 
@@ -24,6 +23,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from lopd.envs.bfcl import CATEGORIES, BFCLEnv, load_tasks
 from lopd.envs.bfcl.agents import play
+from lopd.io import write_json
 from lopd.policy.base_asset import ASSET_DIR
 from lopd.policy.chat import encode, render_prompt
 
@@ -66,8 +66,7 @@ def main() -> None:
         if r["replay_failed"]:
             print(f"{name}: replay failed on {r['replay_failed']}")
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump(rows, f, indent=2)
+        write_json(a.out, rows)  # atomic: a reader never sees half a file
 
 
 if __name__ == "__main__":
