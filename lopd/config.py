@@ -38,7 +38,7 @@ class ModelParams(_Section):
     head_dim: int = Field(32, ge=4, description="Per-head width")
     intermediate_size: int = Field(384, ge=8, description="MLP width")
     max_position_embeddings: int = Field(2048, ge=64, description="Longest sequence the tiny model supports")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype (float32 on CPU)")
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("float32", description="Weights dtype (float32 on CPU); auto = bfloat16 on CUDA, float32 on CPU")
 
     @model_validator(mode="after")
     def _gqa(self) -> "ModelParams":

@@ -15,7 +15,7 @@ import torch
 
 from lopd.cli import main
 from lopd.policy.chat import ChatFormat, encode, render_prompt
-from lopd.policy.modeling import load_policy
+from lopd.policy.modeling import load_policy, resolve_dtype
 from lopd.policy.rollout import tokenize_episode
 from tests.checkpoint import build_qwen3_checkpoint
 from tests.helpers import tiny_tokenizer
@@ -34,6 +34,9 @@ def test_the_fixture_looks_like_a_downloaded_qwen3(checkpoint):
     assert json.loads((checkpoint / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
     model, tok = load_policy(checkpoint)
     assert next(model.parameters()).dtype == torch.float32  # model.dtype default on CPU
+    auto, _ = load_policy(checkpoint, "auto", device="cpu")  # model.dtype=auto: fp32 on CPU ...
+    assert next(auto.parameters()).dtype == torch.float32
+    assert resolve_dtype("auto", "cuda") == torch.bfloat16 and resolve_dtype("auto", "cuda:1") == torch.bfloat16  # ... bf16 on CUDA
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
     assert tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=False).endswith(
         "<|im_start|>assistant\n<think>\n\n</think>\n\n")

@@ -33,6 +33,14 @@ NUMBER_TOKENS = list(dict.fromkeys(NUMBER_TOKENS))  # "00".."99" and "0".."9"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def resolve_dtype(name: str, device: str | None = None) -> torch.dtype:
+    """``model.dtype`` as a torch dtype; ``auto`` is bfloat16 on CUDA and float32 on CPU."""
+    if name == "auto":
+        on_cuda = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+        return torch.bfloat16 if on_cuda else torch.float32
+    return _DTYPES[name]
+
+
 def train_tokenizer(corpus: Iterable[str], vocab_size: int, words: Sequence[str] = ()) -> PreTrainedTokenizerFast:
     """Byte-level BPE trained offline on ``corpus``, with Qwen3's chat tokens and template.
 
@@ -92,13 +100,13 @@ def build_tiny_qwen3(p: ModelParams, tokenizer, seed: int) -> Qwen3ForCausalLM:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
-        dtype=p.dtype,
+        dtype=str(resolve_dtype(p.dtype)).removeprefix("torch."),
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model.to(_DTYPES[p.dtype])
+    return model.to(resolve_dtype(p.dtype))
 
 
 def load_policy(path: str | Path, dtype: str = "float32", device: str | None = None):
@@ -113,8 +121,8 @@ def load_policy(path: str | Path, dtype: str = "float32", device: str | None = N
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, device))
     return model.to(device).eval(), tokenizer
 
 
