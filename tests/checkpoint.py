@@ -11,6 +11,7 @@ re-rendered conversation is not a prefix-extension of the previous one.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 from lopd.config import ModelParams
@@ -66,8 +67,8 @@ QWEN3_FULL_TEMPLATE = (
 
 
 def build_qwen3_checkpoint(path: Path, tokenizer, seed: int = 0) -> Path:
-    """Write a random tiny Qwen3 with ``tokenizer`` (its template replaced by the full one) to ``path``."""
-    tok = tokenizer.__class__.from_pretrained(tokenizer.name_or_path) if tokenizer.name_or_path else tokenizer
+    """Write a random tiny Qwen3 with a copy of ``tokenizer`` (its template replaced by the full one) to ``path``."""
+    tok = copy.deepcopy(tokenizer)
     tok.chat_template = QWEN3_FULL_TEMPLATE
     p = ModelParams(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64)
     model = build_tiny_qwen3(p, tok, seed=seed)

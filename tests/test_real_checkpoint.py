@@ -7,7 +7,6 @@ safetensors. The whole smoke pipeline runs on it in fp32 on CPU.
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
@@ -25,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    return build_qwen3_checkpoint(tmp_path_factory.mktemp("ckpt") / "Qwen3-tiny", copy.deepcopy(tiny_tokenizer()))
+    return build_qwen3_checkpoint(tmp_path_factory.mktemp("ckpt") / "Qwen3-tiny", tiny_tokenizer())
 
 
 def test_the_fixture_looks_like_a_downloaded_qwen3(checkpoint):

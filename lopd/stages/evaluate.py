@@ -218,9 +218,6 @@ def markdown_table(results: dict) -> str:
 # ----------------------------------------------------------------------------- BFCL multi-turn
 
 
-_WARNED: set[str] = set()
-
-
 def bfcl_prompt_tokens(tokenizer, tasks: Sequence) -> list[int]:
     """Tokens of each task's first prompt (system + tools + first user turn) in ``tokenizer``'s chat template."""
     from lopd.envs.bfcl import BFCLEnv
@@ -229,11 +226,12 @@ def bfcl_prompt_tokens(tokenizer, tasks: Sequence) -> list[int]:
     return [len(encode(tokenizer, render_prompt(tokenizer, BFCLEnv(t).initial_observation()))) for t in tasks]
 
 
-def evaluate_bfcl(p: Params, benchmark: str, model, tokenizer, seed: int) -> dict:
+def evaluate_bfcl(p: Params, benchmark: str, model, tokenizer, seed: int, warned: set[str] | None = None) -> dict:
     """One student on one BFCL category: success (every turn passes) and reward (turns passed), or why it cannot run.
 
     A model whose context cannot hold the category's prompts gets ``status = "skipped_context"`` and one
-    line naming the tokens needed and the model's limit: not a crash, not a silent zero.
+    line naming the tokens needed and the model's limit: not a crash, not a silent zero. ``warned`` holds
+    the lines already logged in this run (one line per benchmark and context, not one per student).
     """
     from lopd.envs.bfcl import BFCLEnv, load_tasks
     from lopd.policy.engine import make_engine
@@ -246,9 +244,10 @@ def evaluate_bfcl(p: Params, benchmark: str, model, tokenizer, seed: int) -> dic
         line = (f"{benchmark}: not evaluated: its first prompts need up to {lengths[-1]} tokens (median {info['prompt_tokens_median']}) "
                 f"plus rollout.max_new_tokens = {p.rollout.max_new_tokens}, over this model's context of {context} tokens "
                 "(config.max_position_embeddings); evaluate a checkpoint with a longer context (model.path)")
-        if line not in _WARNED:  # one line per benchmark and context, not one per student
-            _WARNED.add(line)
+        if warned is None or line not in warned:
             log.warning(line)
+        if warned is not None:
+            warned.add(line)
         return {**info, "status": "skipped_context", "reason": line}
     trajs = make_engine(p, model, tokenizer, make_env=BFCLEnv).run(tasks, 1, seed=seed, id_prefix=benchmark)
     succ, rew = [float(t.success) for t in trajs], [float(t.reward) for t in trajs]
@@ -301,6 +300,7 @@ def run(p: Params) -> dict:
     results, trajs_by_method = {}, {}
     extra = [b for b in p.evaluate.benchmarks if b != "toolworld"]
     benchmarks: dict[str, dict] = {b: {} for b in extra}
+    warned: set[str] = set()
     with stage_run(p, "evaluate"):
         for m in methods:
             model, tok = load_policy(paths[m], p.model.dtype)
@@ -310,7 +310,7 @@ def run(p: Params) -> dict:
                 results[m]["reward_diff_vs_vanilla"] = paired_diff(trajs, trajs_by_method["vanilla"], ci)
             log.info("evaluate %s: success %.3f, reward %.3f", m, results[m]["success_rate"], results[m]["mean_reward"])
             for b in extra:  # the same student on each requested BFCL category
-                benchmarks[b][m] = evaluate_bfcl(p, b, model, tok, seed=derive_seed(p.seed, b))
+                benchmarks[b][m] = evaluate_bfcl(p, b, model, tok, seed=derive_seed(p.seed, b), warned=warned)
             del model
         table = markdown_table(results) + (bfcl_table(benchmarks) if extra else "")
         if extra:  # under each benchmark's name; the top-level keys stay the methods' ToolWorld results

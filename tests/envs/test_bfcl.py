@@ -137,3 +137,10 @@ def test_evaluate_says_in_one_line_when_a_model_is_too_short_for_bfcl(repo, capl
     assert f"up to {r['prompt_tokens_max']} tokens" in r["reason"] and f"context of {context} tokens" in r["reason"]
     assert "success_rate" not in r  # not a silent zero
     assert r["reason"] in bfcl_table({"bfcl_multi_turn_base": {"lopd": r}})
+    # one line per benchmark within a run (five students share it), again in the next run (a served flow)
+    caplog.clear()
+    warned: set[str] = set()
+    for _ in range(2):
+        evaluate_bfcl(p, "bfcl_multi_turn_base", model, tok, seed=0, warned=warned)
+    evaluate_bfcl(p, "bfcl_multi_turn_base", model, tok, seed=0, warned=set())
+    assert [rec.getMessage() for rec in caplog.records if "not evaluated" in rec.getMessage()] == [r["reason"]] * 2

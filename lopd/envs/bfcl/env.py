@@ -57,8 +57,11 @@ def tools_block(docs) -> str:
 class BFCLEnv:
     """One BFCL multi-turn entry, played turn by turn (``initial_observation()`` / ``step(action)``)."""
 
-    def __init__(self, task: BFCLTask, max_steps_per_turn: int = 20):  # BFCL's MAXIMUM_STEP_LIMIT
-        self.task, self.max_steps_per_turn = task, max_steps_per_turn
+    def __init__(self, task: BFCLTask, max_steps_per_turn: int | None = None):
+        from bfcl_eval.constants.default_prompts import MAXIMUM_STEP_LIMIT
+
+        self.task = task
+        self.max_steps_per_turn = MAXIMUM_STEP_LIMIT if max_steps_per_turn is None else max_steps_per_turn
         long_context = "long_context" in task.category
         self.sandbox = Sandbox(task.involved_classes, task.initial_config, long_context)
         self.truth = Sandbox(task.involved_classes, task.initial_config, long_context)  # ground truth, turn by turn

@@ -21,15 +21,13 @@ import copy
 import importlib
 import inspect
 import json
-import re
 from typing import Any, Iterable
 
-from lopd.envs.toolworld.protocol import CLOSE, OPEN
+from lopd.envs.toolworld.protocol import CALL_RE, OPEN
 
 MAX_CALL_CHARS = 20_000  # one call's JSON (or source); BFCL's longest ground-truth call is far shorter
 MAX_DEPTH = 8  # nesting of literal containers
 BACKEND_PREFIX = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code."
-_CALL_RE = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
 
 
 class Rejected(ValueError):
@@ -64,9 +62,9 @@ def check_literal(value: Any, depth: int = 0) -> None:
 def parse_tool_calls(text: str) -> tuple[list[tuple[str, tuple, dict]], list[str]]:
     """Every ``<tool_call>`` of an assistant message → ``([(name, (), kwargs)], errors)`` (JSON, keyword arguments)."""
     calls, errors = [], []
-    if OPEN in text and not _CALL_RE.search(text):
+    if OPEN in text and not CALL_RE.search(text):
         return [], ["malformed tool call: missing </tool_call>"]
-    for body in _CALL_RE.findall(text):
+    for body in CALL_RE.findall(text):
         try:
             if len(body) > MAX_CALL_CHARS:
                 raise Rejected(f"tool call of {len(body)} characters (limit {MAX_CALL_CHARS})")

@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_CALL_RE = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
+CALL_RE = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
 
 
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
@@ -28,7 +28,7 @@ def parse_action(text: str) -> tuple[dict | None, str | None]:
     """
     if OPEN not in text:
         return None, None
-    bodies = _CALL_RE.findall(text)
+    bodies = CALL_RE.findall(text)
     if not bodies:
         return None, "malformed tool call: missing </tool_call>"
     if len(bodies) > 1 or text.count(OPEN) > 1:
