@@ -94,6 +94,7 @@ class RolloutParams(_Section):
     top_p: float = Field(0.95, gt=0.0, le=1.0, description="Nucleus sampling mass (spec: 0.95)")
     max_new_tokens: int = Field(64, ge=1, description="Tokens generated per assistant turn at most")
     batch_size: int = Field(32, ge=1, description="Episodes advanced together")
+    rng: Literal["batch", "trajectory"] = Field("batch", description="Sampling noise: batch (one global stream; the recorded figures) or trajectory (one stream per trajectory: rollouts independent of batch size and of data-parallel sharding; backend hf)")
 
 
 class CollectParams(_Section):

@@ -42,7 +42,7 @@ class ReplayBackend:
     def reset(self):
         pass
 
-    def generate(self, prompts, max_new_tokens):
+    def generate(self, prompts, max_new_tokens, rngs=None):
         out = []
         eos = self.tok.eos_token_id
         for p in prompts:

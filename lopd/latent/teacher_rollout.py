@@ -52,7 +52,7 @@ class LatentBackend(HFBackend):
         raise KeyError("a prompt that extends no registered first prompt: register every episode before the rollout")
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, rngs=None) -> list[Generation]:  # global RNG (as HFBackend)
         width = max(len(p) for p in prompts)
         ids_BT = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask_BT = torch.zeros_like(ids_BT)

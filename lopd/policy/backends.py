@@ -15,7 +15,8 @@ from lopd.policy.generation import Generation
 
 
 class GenerationBackend(Protocol):
-    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[Generation]: ...
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, rngs: list[torch.Generator] | None = None) -> list[Generation]:
+        """One continuation per prompt; ``rngs`` (one per prompt) make each row's sampling its own, where supported."""
 
     def reset(self) -> None:
         """Drop any state tied to the current weights (a KV cache); called around every run."""
@@ -26,6 +27,8 @@ class HFBackend:
 
     The reference backend (``rollout.backend: hf-generate``): stateless, so every turn
     re-prefills the conversation. ``lopd.policy.kv_backend.CachedHFBackend`` (``hf``) keeps the cache.
+    ``generate`` samples from the global torch RNG (it ignores ``rngs``): its rollouts depend on
+    which rows share a batch, so only ``hf`` makes data-parallel shards sample what one process does.
     """
 
     def reset(self) -> None:
@@ -40,7 +43,7 @@ class HFBackend:
         self.stop_ids = sorted({tokenizer.eos_token_id, *gen_eos})
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, rngs: list[torch.Generator] | None = None) -> list[Generation]:
         width = max(len(p) for p in prompts)
         ids_BT = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask_BT = torch.zeros_like(ids_BT)

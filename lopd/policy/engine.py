@@ -20,6 +20,7 @@ def make_engine(p: Params, model, tokenizer, make_env: Callable[[object], object
         max_new_tokens=p.rollout.max_new_tokens,
         batch_size=p.rollout.batch_size,
         max_seq_len=getattr(model.config, "max_position_embeddings", 1 << 15),
+        per_trajectory_rng=p.rollout.rng == "trajectory",
     )
 
 

@@ -14,8 +14,13 @@ join, between calls; the batch keeps one cache with per-row positions:
 * When holes pass half the cache, it is compacted by gathering each row's real slots.
 
 Sampling is temperature then top-p (the transformers warpers), then a multinomial draw from
-the global torch RNG, so the same seed gives the same rollouts on CPU. The cache is only
-valid for fixed weights: the engine calls ``reset()`` at the start and end of every run.
+the global torch RNG, so the same seed gives the same rollouts on CPU. With ``rngs``
+(``rollout.rng: trajectory``: one ``torch.Generator`` per trajectory, seeded by the engine from the
+run's seed, the task and the sample index) each row instead takes an inverse-CDF draw from its own
+generator: a trajectory is then a function of its seed and the weights alone, not of which rows
+share its batch, so any ``rollout.batch_size`` gives the same rollouts and a data-parallel rank
+that plays a shard of the tasks samples exactly what one process playing all of them samples. The cache is
+only valid for fixed weights: the engine calls ``reset()`` at the start and end of every run.
 """
 
 from __future__ import annotations
@@ -85,6 +90,22 @@ def _left_pad_kv(kv: KV, length: int) -> KV:
             v = torch.nn.functional.pad(v, (0, 0, extra, 0))
         out.append((k, v))
     return out
+
+
+def sample_rows(probs_BV: torch.Tensor, live_B: torch.Tensor, rngs: list[torch.Generator] | None) -> torch.Tensor:
+    """One token id per row, on CPU. With ``rngs``, row b draws ``u ~ U[0, 1)`` from ``rngs[b]``
+    (live rows only, so a row's stream never depends on its batch-mates) and takes the first id
+    whose cumulative probability exceeds ``u·Σp``; without, a multinomial from the global RNG."""
+    if rngs is None:
+        return torch.multinomial(probs_BV, 1).squeeze(1).cpu()
+    u_B = torch.zeros(probs_BV.shape[0], dtype=torch.float64)
+    for b in live_B.nonzero().squeeze(1).tolist():
+        u_B[b] = torch.rand((), generator=rngs[b], dtype=torch.float64)
+    cdf_BV = probs_BV.double().cumsum(-1)
+    idx_B = torch.searchsorted(cdf_BV, (u_B.to(cdf_BV.device) * cdf_BV[:, -1])[:, None], right=True).squeeze(1)
+    # u·Σp < Σp, so idx < V except through rounding; never land on a zero-probability (top-p cut) id
+    last_B = probs_BV.shape[1] - 1 - (probs_BV > 0).flip(-1).int().argmax(-1)
+    return torch.minimum(idx_B, last_B).cpu()
 
 
 class CachedHFBackend:
@@ -195,7 +216,8 @@ class CachedHFBackend:
 
     # -- sampling --------------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, rngs: list[torch.Generator] | None = None) -> list[Generation]:
+        """One sampled turn per prompt; ``rngs`` (one CPU generator per prompt) make each row's draws its own."""
         if any(len(p) == 0 for p in prompts):
             raise ValueError("generate: every prompt needs at least one token")
         self._prepare(prompts)
@@ -219,7 +241,7 @@ class CachedHFBackend:
             pos_B = pos_B + feed_B
             scores_BV = self.warpers(None, logits_BV)
             logp_BV = torch.log_softmax(scores_BV, -1)
-            next_B = torch.multinomial(logp_BV.exp(), 1).squeeze(1).cpu()
+            next_B = sample_rows(logp_BV.exp(), live_B, rngs)
             lp_B = logp_BV.gather(1, next_B[:, None].to(logp_BV.device)).squeeze(1).cpu()
             for b in live_B.nonzero().squeeze(1).tolist():
                 tokens[b].append(int(next_B[b]))

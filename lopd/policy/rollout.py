@@ -8,6 +8,7 @@ are replaced from the queue at once, so the batch stays full until the queue run
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -48,6 +49,11 @@ class Trajectory:
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
 
 
+def trajectory_seed(seed: int, task_id: str, sample_idx: int) -> int:
+    """The sampling seed of one trajectory: a function of the run's seed, the task and the sample only."""
+    return int(hashlib.sha256(f"{seed}:{task_id}:{sample_idx}".encode()).hexdigest()[:15], 16)
+
+
 class RolloutBudget:
     """Counts every generated trajectory; an optional limit stops a method at equal budget."""
 
@@ -84,8 +90,11 @@ class RolloutEngine:
         max_new_tokens: int,
         batch_size: int,
         max_seq_len: int,
+        per_trajectory_rng: bool = False,
     ):
+        """``per_trajectory_rng``: each trajectory samples from its own generator (``rollout.rng: trajectory``)."""
         self.backend, self.tokenizer, self.make_env = backend, tokenizer, make_env
+        self.per_trajectory_rng = per_trajectory_rng
         self.fmt = ChatFormat.from_tokenizer(tokenizer)
         self.max_new_tokens, self.batch_size, self.max_seq_len = max_new_tokens, batch_size, max_seq_len
         self.stats = RolloutStats(0, 0, 0.0, 0)
@@ -107,13 +116,17 @@ class RolloutEngine:
         queue = deque((task, s) for task in tasks for s in range(samples_per_task))
         done: list[Trajectory] = []
         active: list[tuple[Trajectory, object]] = []
+        rngs: dict[str, torch.Generator] = {}  # one per trajectory: its draws do not depend on its batch-mates
         t0, gen_tokens, calls, backend_s = time.perf_counter(), 0, 0, 0.0
         bar = tqdm(total=n, desc="rollouts", unit="ep", disable=not progress, leave=False)
         while queue or active:
             while queue and len(active) < self.batch_size:  # refill: keep the batch full
-                active.append(self._start(*queue.popleft(), id_prefix=id_prefix))
+                traj, env = self._start(*queue.popleft(), id_prefix=id_prefix)
+                rngs[traj.rollout_id] = torch.Generator().manual_seed(trajectory_seed(seed, traj.task_id, traj.sample_idx))
+                active.append((traj, env))
             tb = time.perf_counter()
-            gens = self.backend.generate([traj.token_ids for traj, _ in active], self.max_new_tokens)
+            gens = self.backend.generate([traj.token_ids for traj, _ in active], self.max_new_tokens,
+                                         [rngs[traj.rollout_id] for traj, _ in active] if self.per_trajectory_rng else None)
             backend_s += time.perf_counter() - tb
             calls += 1
             still = []

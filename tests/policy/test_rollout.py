@@ -7,7 +7,7 @@ from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, make_tasks, run_ep
 from lopd.envs.toolworld.env import StepResult
 from lopd.policy.backends import HFBackend
 from lopd.policy.chat import ChatFormat, encode, render_prompt
-from lopd.policy.kv_backend import CachedHFBackend
+from lopd.policy.kv_backend import CachedHFBackend, sample_rows
 from lopd.policy.rollout import RolloutBudget, RolloutEngine, tokenize_episode
 from tests.helpers import ReplayBackend, tiny_model, tiny_tokenizer
 
@@ -90,6 +90,36 @@ def test_hf_backend_sampling_is_seeded_and_logprobs_are_valid(backend_cls):
         assert len(gen) == t.n_gen_tokens > 0
         assert all(lp <= 1e-6 for lp in gen) and all(lp > -float("inf") for lp in gen)
         assert len(t.actions) <= 2 and 0.0 <= t.reward <= 1.0
+
+
+def test_cached_backend_trajectories_do_not_depend_on_batch_or_shard():
+    """``rollout.rng: trajectory``: each trajectory draws from its own generator: batch size 1, 3 or 8, or two shards of the
+    tasks played apart (data-parallel ranks), sample the very same tokens."""
+    tok, model = tiny_tokenizer(), tiny_model()
+    tasks = make_tasks("dev", 4)
+
+    def play(tasks_, batch_size):
+        engine = RolloutEngine(CachedHFBackend(model, tok, 0.9, 0.95), tok, lambda t: ToolWorldEnv(t, max_turns=2), 12, batch_size, 4096,
+                               per_trajectory_rng=True)
+        return [t.token_ids for t in engine.run(tasks_, samples_per_task=2, seed=11, progress=False)]
+
+    whole = play(tasks, 8)
+    assert play(tasks, 3) == whole and play(tasks, 1) == whole
+    assert play(tasks[:1], 8) + play(tasks[1:], 2) == whole
+    assert len({tuple(ids) for ids in whole}) == len(whole)  # the two samples of a task differ
+
+
+def test_sample_rows_draws_from_the_distribution_and_skips_cut_ids():
+    probs_BV = torch.tensor([[0.2, 0.0, 0.5, 0.3, 0.0]]).repeat(4000, 1)
+    rngs = [torch.Generator().manual_seed(i) for i in range(4000)]
+    ids = sample_rows(probs_BV, torch.ones(4000, dtype=torch.bool), rngs)
+    freq = torch.bincount(ids, minlength=5).float() / 4000
+    assert freq[1] == 0 and freq[4] == 0  # never a zero-probability id
+    torch.testing.assert_close(freq, probs_BV[0], atol=0.03, rtol=0)  # 4000 draws: σ ≤ 0.008
+    # a dead row draws nothing: its generator is untouched
+    g = torch.Generator().manual_seed(0)
+    sample_rows(probs_BV[:1], torch.zeros(1, dtype=torch.bool), [g])
+    assert torch.equal(g.get_state(), torch.Generator().manual_seed(0).get_state())
 
 
 def _assert_logprobs_match_a_full_forward(model, traj):

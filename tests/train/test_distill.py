@@ -382,11 +382,11 @@ class ExpertForSolvable:
     def reset(self):
         self.real.reset()
 
-    def generate(self, prompts, max_new_tokens):
+    def generate(self, prompts, max_new_tokens, rngs=None):
         known = [any(tuple(pr[: len(k)]) == k for k in self.replay.episodes) for pr in prompts]
         experts = iter(self.replay.generate([pr for pr, k in zip(prompts, known) if k], max_new_tokens))
         rest = [pr for pr, k in zip(prompts, known) if not k]
-        sampled = iter(self.real.generate(rest, max_new_tokens) if rest else [])
+        sampled = iter(self.real.generate(rest, max_new_tokens, [g for g, k in zip(rngs, known) if not k] if rngs else None) if rest else [])
         return [next(experts) if k else next(sampled) for k in known]
 
 
