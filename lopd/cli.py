@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import subprocess
 import sys
 import time
 
@@ -28,6 +29,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lopd", description="Latent On-Policy Self-Distillation pipeline")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher passes it
     sub = parser.add_subparsers(dest="command", required=True)
     _common(sub.add_parser("params", help="print the resolved params as JSON and exit"))
     _common(sub.add_parser("run", help="run every stage in order, in-process"))
@@ -51,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
             stage.add_argument("--method", action="append", default=[], metavar="METHOD",
                                help="train only this method (repeatable); same as --set distill.methods=[...]. "
                                     "Results of other methods run earlier with the same params stay in metrics/distill.json")
+            stage.add_argument("--nproc", type=int, default=1, metavar="N",
+                               help="train data-parallel on N processes (needs distill.engine=deepspeed; one GPU each where CUDA is); "
+                                    "same as torchrun --nproc_per_node N -m lopd.cli distill ...")
     return parser
 
 
@@ -74,7 +79,7 @@ def stage_overrides(args: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
-        level=logging.WARNING if args.quiet else logging.INFO,
+        level=logging.WARNING if args.quiet or os.environ.get("RANK", "0") != "0" else logging.INFO,  # one rank talks
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
@@ -89,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "params":
         print(json.dumps(params.model_dump(), indent=2))
         return 0
+    if getattr(args, "nproc", 1) != 1:
+        return _launch(args, params, argv if argv is not None else sys.argv[1:])
     if args.command == "sweep":
         from lopd.experiments import sweep
 
@@ -149,6 +156,31 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1 if not isinstance(e, ParamsError) else 2
     return 0
+
+
+def _launch(args, params, argv: list[str]) -> int:
+    """``lopd distill --nproc N``: the same command on N processes under ``torch.distributed.run``."""
+    if args.nproc < 1:
+        print(f"error: --nproc = {args.nproc}: give a number of processes >= 1", file=sys.stderr)
+        return 2
+    if "WORLD_SIZE" in os.environ:
+        print("error: --nproc inside a launched process (WORLD_SIZE is set): launch once, with --nproc or torchrun", file=sys.stderr)
+        return 2
+    if params.distill.engine != "deepspeed":
+        print(f"error: params: distill.engine = {params.distill.engine!r} runs one process: add --set distill.engine=deepspeed to use --nproc",
+              file=sys.stderr)
+        return 2
+    rest, skip = [], False
+    for a in argv:  # the same arguments, less --nproc
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            rest.append(a)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}", "-m", "lopd.cli", *rest]
+    logging.getLogger("lopd").info("distill: launching %d processes: %s", args.nproc, " ".join(cmd[1:]))
+    return subprocess.call(cmd)
 
 
 if __name__ == "__main__":

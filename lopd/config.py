@@ -89,11 +89,12 @@ class EnvParams(_Section):
 
 
 class RolloutParams(_Section):
-    backend: Literal["hf", "hf-generate", "vllm"] = Field("hf", description="Generation backend: hf (KV cache kept across turns), hf-generate (plain generate), vllm (needs CUDA)")
+    backend: Literal["hf", "hf-generate", "vllm"] = Field("hf", description="Generation backend: hf (KV cache kept across turns), hf-generate (plain generate), vllm (the gpu extra; student weights pushed before each run)")
     temperature: float = Field(0.7, gt=0.0, description="Sampling temperature (spec: 0.7)")
     top_p: float = Field(0.95, gt=0.0, le=1.0, description="Nucleus sampling mass (spec: 0.95)")
     max_new_tokens: int = Field(64, ge=1, description="Tokens generated per assistant turn at most")
     batch_size: int = Field(32, ge=1, description="Episodes advanced together")
+    vllm_gpu_memory: float = Field(0.3, gt=0.0, le=1.0, description="rollout.backend=vllm: share of the GPU's memory the vLLM engine may take (the student and teacher train beside it)")
     rng: Literal["batch", "trajectory"] = Field("batch", description="Sampling noise: batch (one global stream; the recorded figures) or trajectory (one stream per trajectory: rollouts independent of batch size and of data-parallel sharding; backend hf)")
 
 
@@ -174,6 +175,8 @@ class DistillParams(_Section):
     sft_lr: float = Field(1e-5, gt=0.0, description="Learning rate of the SFT baseline (rejection-sampling fine-tuning)")
     opsd_lr: float = Field(1e-5, gt=0.0, description="Student learning rate of the text-privilege baseline opsd (as LOPD's student: 1e-5)")
     resume: bool = Field(False, description="Continue each method from its last checkpoint instead of starting over")
+    engine: Literal["single", "deepspeed"] = Field("single", description="Optimiser step: single (torch Adam, one process) or deepspeed (ZeRO data parallel; launch with lopd distill --nproc N, torchrun or deepspeed)")
+    zero_config: str = Field("infra/deepspeed/zero2.json", description="DeepSpeed config of distill.engine=deepspeed ('auto' fields take lr, clip and batch sizes from params); zero3.json also shards parameters")
 
 
 class GRPOParams(_Section):

@@ -26,16 +26,21 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)) / path.name
     try:
         yield tmp
-        if path.is_dir() and tmp.is_dir():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)  # two renames: the old dir is moved aside, never deleted first
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        replace_path(tmp, path)
     finally:
         shutil.rmtree(tmp.parent, ignore_errors=True)
+
+
+def replace_path(tmp: Path, path: Path) -> None:
+    """Put ``tmp`` (a finished file or directory) at ``path``; an old directory there is moved aside, never deleted first."""
+    if path.is_dir() and tmp.is_dir():
+        old = path.with_name(f".{path.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)  # two renames: a crash in between leaves the old dir beside, not lost
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
 
 
 def write_json(path: str | Path, obj: Any) -> None:

@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from peft.utils import load_peft_weights
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, load_model, save_file
 from torch import Tensor, nn
 from torch.func import functional_call
 
@@ -106,6 +106,17 @@ def lora_config(cp: ComposerParams) -> LoraConfig:
 # ----------------------------------------------------------------------------- composer
 
 
+def _copy_into(module: nn.Module, state: dict[str, Tensor]) -> None:
+    """``state`` copied into ``module``'s tensors in place, every key matched (safetensors' ``load_model``
+    refuses parameters that are views of one flat buffer, as DeepSpeed's are)."""
+    own = module.state_dict()
+    if set(own) != set(state):
+        raise KeyError(f"resampler weights do not match: missing {sorted(set(own) - set(state))}, unexpected {sorted(set(state) - set(own))}")
+    with torch.no_grad():
+        for k, v in own.items():
+            v.copy_(state[k])
+
+
 class Composer(nn.Module):
     """Encoder LoRA on the frozen backbone + resampler. ``forward(tasks, experiences)`` → ``(B, n_ret·K, D)``.
 
@@ -149,7 +160,8 @@ class Composer(nn.Module):
         path.mkdir(parents=True, exist_ok=True)
         # peft writes a non-default adapter to <path>/<adapter name>/.
         self.backbone.save_pretrained(path, selected_adapters=[ADAPTER])
-        save_model(self.resampler, path / _RESAMPLER_FILE)
+        # cloned: under DeepSpeed the parameters are views of one flat buffer, which safetensors refuses
+        save_file({k: v.detach().clone().contiguous() for k, v in self.resampler.state_dict().items()}, path / _RESAMPLER_FILE)
         q = self.resampler.queries
         cfg = {
             "hidden_size": q.shape[1],
@@ -166,7 +178,7 @@ class Composer(nn.Module):
         """Overwrite φ (LoRA + resampler) in place from a ``save`` directory."""
         path = Path(path)
         set_peft_model_state_dict(self.backbone, load_peft_weights(str(path / ADAPTER)), adapter_name=ADAPTER)
-        load_model(self.resampler, path / _RESAMPLER_FILE)
+        _copy_into(self.resampler, load_file(path / _RESAMPLER_FILE))
 
     # -- parameters
 

@@ -221,12 +221,12 @@ def scope_of(p) -> str | None:
     return None if p.retrieval.scope == "none" else p.retrieval.scope
 
 
-def open_retriever(p, embedder=None) -> Retriever:
-    """The Retriever the params describe: ``data/index``, the configured embedder, dev/test ids blocked."""
+def open_retriever(p, embedder=None, index_dir: Path | None = None) -> Retriever:
+    """The Retriever the params describe: ``data/index`` (or ``index_dir``), the configured embedder, dev/test ids blocked."""
     from lopd.memory.embed import make_embedder
 
     r = p.retrieval
-    return load_retriever(layout.index_dir(p), embedder or make_embedder(p), held_out_task_ids(p), r.n_ret,
+    return load_retriever(index_dir or layout.index_dir(p), embedder or make_embedder(p), held_out_task_ids(p), r.n_ret,
                           use_gpu=r.faiss_gpu, nprobe=r.ivf_nprobe, ef_search=r.hnsw_ef_search,
                           scope=scope_of(p))
 

@@ -80,7 +80,8 @@ class HFBackend:
         return gens
 
 
-def make_backend(kind: str, model, tokenizer, temperature: float, top_p: float) -> GenerationBackend:
+def make_backend(kind: str, model, tokenizer, temperature: float, top_p: float, **vllm_options) -> GenerationBackend:
+    """The backend of ``rollout.backend``; ``vllm_options`` go to :class:`lopd.policy.vllm_backend.VLLMBackend`."""
     if kind == "hf":
         from lopd.policy.kv_backend import CachedHFBackend
 
@@ -88,8 +89,7 @@ def make_backend(kind: str, model, tokenizer, temperature: float, top_p: float) 
     if kind == "hf-generate":
         return HFBackend(model, tokenizer, temperature, top_p)
     if kind == "vllm":
-        raise NotImplementedError(
-            "rollout.backend = 'vllm' is not available yet: it needs CUDA and the `gpu` extra; "
-            "use rollout.backend = 'hf'"
-        )
+        from lopd.policy.vllm_backend import VLLMBackend
+
+        return VLLMBackend(model, tokenizer, temperature, top_p, **vllm_options)
     raise ValueError(f"rollout.backend = {kind!r}: allowed values are 'hf', 'hf-generate', 'vllm'")

@@ -12,7 +12,8 @@ from lopd.policy.rollout import RolloutEngine
 
 def make_engine(p: Params, model, tokenizer, make_env: Callable[[object], object] | None = None) -> RolloutEngine:
     """The rollout engine of ``rollout.*``; episodes are ToolWorld's unless ``make_env`` builds another env (BFCL)."""
-    backend = make_backend(p.rollout.backend, model, tokenizer, p.rollout.temperature, p.rollout.top_p)
+    vllm = {"gpu_memory_utilization": p.rollout.vllm_gpu_memory, "seed": p.seed} if p.rollout.backend == "vllm" else {}
+    backend = make_backend(p.rollout.backend, model, tokenizer, p.rollout.temperature, p.rollout.top_p, **vllm)
     return RolloutEngine(
         backend,
         tokenizer,

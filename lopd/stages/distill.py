@@ -8,6 +8,10 @@ spent, the efficiency of LOPD against GRPO, plots.
 Outputs: ``models/student`` (LOPD's student, a plain HF checkpoint of the base architecture),
 ``models/students/<method>`` for the baselines, ``metrics/distill.json`` and
 ``metrics/distill_curve.csv``; checkpoints in ``models/checkpoints/distill/<method>``.
+
+Data parallel: ``lopd distill --nproc N`` (or ``torchrun`` / ``deepspeed`` launching ``lopd distill``)
+with ``distill.engine=deepspeed`` runs this stage on every rank; rank 0 alone writes metrics,
+plots and MLflow runs (``lopd.train.parallel``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from lopd.config import Params
 from lopd.io import atomic_path, read_json, write_json
 from lopd.train.loop import comparable_hash, train_method
 from lopd.train.onpolicy import check_methods, rollout_budget
+from lopd.train.parallel import DataParallel, from_env, init_data_parallel
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +161,31 @@ def _check_inputs(p: Params, methods: Sequence[str]) -> None:
             raise FileNotFoundError(f"distill: method {m} needs the retrieval index at {layout.index_dir(p)}: run `lopd index`")
     if {"lopd", "opsd", "sft"} & set(methods) and not any(layout.bank_dir(p).glob("round-*.parquet")):
         raise FileNotFoundError(f"distill: methods lopd/opsd/sft need the experience bank at {layout.bank_dir(p)}: run `lopd collect`")
+    check_parallel(p, methods, from_env().world)
+
+
+def check_parallel(p: Params, methods: Sequence[str], world: int) -> None:
+    """``distill.engine`` / ``zero_config`` against the launch, before any model loads."""
+    from lopd.config import ParamsError
+
+    d, errors = p.distill, []
+    if d.engine == "single":
+        if world > 1:
+            errors.append(f"params: distill.engine = 'single' runs one process, but {world} were launched: set distill.engine=deepspeed")
+    else:
+        try:
+            import deepspeed  # noqa: F401
+        except ImportError:
+            errors.append("params: distill.engine = 'deepspeed' needs the deepspeed package: pip install -e '.[dev]' (CPU) or '.[gpu]'")
+        if not Path(d.zero_config).is_file():
+            errors.append(f"params: distill.zero_config = {d.zero_config!r} is not a file: use infra/deepspeed/zero2.json or zero3.json "
+                          "(paths are relative to where lopd runs)")
+        per_step = {m: d.batch_tasks // p.grpo.group_size if m == "grpo" else d.batch_tasks for m in methods if m != "vanilla"}
+        short = {m: n for m, n in per_step.items() if n < world}
+        if short:
+            errors.append(f"params: {world} ranks but tasks per step {short}: every rank needs a task; raise distill.batch_tasks or lower --nproc")
+    if errors:
+        raise ParamsError("\n".join(errors))
 
 
 def run(p: Params, methods: Sequence[str] | None = None, resume: bool | None = None, stop_after: int | None = None) -> dict:
@@ -164,6 +194,8 @@ def run(p: Params, methods: Sequence[str] | None = None, resume: bool | None = N
     ``resume`` (default ``distill.resume``) continues each method from its last checkpoint.
     ``stop_after`` is a testing hook: stop every method after that many steps, as if killed.
     """
+    import contextlib
+
     import mlflow
 
     from lopd.ops.tracking import stage_run
@@ -172,17 +204,26 @@ def run(p: Params, methods: Sequence[str] | None = None, resume: bool | None = N
     resume = p.distill.resume if resume is None else resume
     check_methods(p, methods)
     _check_inputs(p, methods)
-    log.info("distill: methods %s, %d generations each (%d steps × %d), resume=%s",
-             methods, rollout_budget(p), p.distill.steps, p.distill.batch_tasks, resume)
+    dp = init_data_parallel(p.distill.engine)
+    if dp.is_main:
+        log.info("distill: methods %s, %d generations each (%d steps × %d), resume=%s, engine %s on %d process(es)",
+                 methods, rollout_budget(p), p.distill.steps, p.distill.batch_tasks, resume, p.distill.engine, dp.world)
+    if dp.active and p.rollout.rng != "trajectory" and dp.is_main:
+        log.warning("distill: rollout.rng = batch: each rank's rollouts differ from one process's; "
+                    "set rollout.rng=trajectory for rollouts that do not depend on --nproc")
 
     results: dict[str, dict] = {}
     for method in methods:
-        with stage_run(p, "distill", run_name=f"distill-{method}-seed{p.seed}", method=method):
-            summary = train_method(p, method, resume=resume, stop_after=stop_after)
+        tracked = stage_run(p, "distill", run_name=f"distill-{method}-seed{p.seed}", method=method) if dp.is_main else contextlib.nullcontext()
+        with tracked:
+            summary = train_method(p, method, resume=resume, stop_after=stop_after, dp=dp)
             if summary is None:
                 return {"stopped_after": stop_after, "method": method}
-            mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
+            if dp.is_main:
+                mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
         results[method] = summary
+    if not dp.is_main:
+        return {"rank": dp.rank, "methods": methods}  # rank 0 writes the stage's outputs
 
     merged = _merge_previous(p, results)
     # Headline numbers per method at the top level (what `dvc metrics show` prints), the full

@@ -3,7 +3,9 @@
 Rounds (``distill.rounds``, spec: iterative bank): at the end of each round the round's successful
 student trajectories join the method's own bank (``data/distill/bank`` for LOPD, a copy of
 ``data/bank`` that distill owns, so the collect stage's output is never touched) as a new round
-file, and the retrieval index over it is rebuilt (``data/distill/index``).
+file, and the retrieval index over it is rebuilt (``data/distill/index``). Under data parallelism
+every rank keeps every rank's successes; rank 0 writes the round file and the index, the others
+then read that index, so all ranks retrieve from the same bank.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import pandas as pd
 from lopd import layout
 from lopd.config import Params
 from lopd.memory.bank import BANK_COLUMNS, append_round, bank_frame, round_numbers
-from lopd.memory.retrieval import held_out_task_ids, refresh_retriever
+from lopd.memory.retrieval import held_out_task_ids, open_retriever, refresh_retriever
 from lopd.train.episodes import Timer
-from lopd.train.onpolicy import make_adam
+from lopd.train.parallel import DataParallel
+from lopd.train.updater import make_updater, save_hf
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +37,12 @@ class BankDistiller:
     name = ""
     samples_per_task = 1
 
-    def __init__(self, p: Params, student, tokenizer, retriever, tasks_by_id: dict, bank_dir: Path | None, lr: float):
-        self.p, self.student, self.tokenizer = p, student, tokenizer
+    def __init__(self, p: Params, student, tokenizer, retriever, tasks_by_id: dict, bank_dir: Path | None, lr: float,
+                 dp: DataParallel = DataParallel()):
+        self.p, self.student, self.tokenizer, self.dp = p, student, tokenizer, dp
         self.retriever, self.tasks_by_id, self.bank_dir = retriever, tasks_by_id, bank_dir
         self.tasks_per_step = p.distill.batch_tasks
-        self.opt_student = make_adam(student.parameters(), lr)
+        self.opt_student = make_updater(p, student, list(student.parameters()), lr, dp)
         self.pending: list[dict] = []  # this round's successes (bank rows), appended at the round's end
         self.bank_version = max(round_numbers(bank_dir)) if bank_dir is not None and bank_dir.is_dir() else 0
         self.added_rounds: list[int] = []
@@ -56,6 +60,7 @@ class BankDistiller:
 
     def keep_successes(self, trajs: Sequence) -> float:
         """Successes wait for the end of the round to join the bank (spec: iterative bank); returns their count."""
+        trajs = self.dp.gather(trajs)  # every rank's, in task order
         if self.bank_dir is not None:
             rows = bank_frame(list(trajs), self.tasks_by_id, f"distill-{self.name}", self.bank_version + 1)
             self.pending += rows.to_dict("records")
@@ -66,19 +71,30 @@ class BankDistiller:
         rows, self.pending = pd.DataFrame(self.pending, columns=list(BANK_COLUMNS)), []
         if self.bank_dir is None or rows.empty:
             return
-        added = append_round(self.bank_dir, rows, self.bank_version + 1, self.p.env.success_threshold,
-                             forbidden_task_ids=held_out_task_ids(self.p))
-        if len(added):
+        n_added = 0.0
+        if self.dp.is_main:
+            added = append_round(self.bank_dir, rows, self.bank_version + 1, self.p.env.success_threshold,
+                                 forbidden_task_ids=held_out_task_ids(self.p))
+            n_added = float(len(added))
+            if n_added:
+                self.retriever = refresh_retriever(self.p, self.bank_dir, layout.distill_index_dir(self.p, self.name), self.retriever.embedder)
+        n_added = self.dp.sum(n_added)  # rank 0's count, on every rank (also the barrier: the index is written)
+        if n_added:
             self.bank_version += 1
             self.added_rounds.append(self.bank_version)
-            self.retriever = refresh_retriever(self.p, self.bank_dir, layout.distill_index_dir(self.p, self.name), self.retriever.embedder)
-            log.info("distill round %d: %d new successes joined the bank (round file %d)", round_, len(added), self.bank_version)
+            if not self.dp.is_main:
+                self.retriever = self._reopen()
+            log.info("distill round %d: %d new successes joined the bank (round file %d)", round_, int(n_added), self.bank_version)
+
+    def _reopen(self):
+        """The retriever over the index rank 0 wrote for this method's bank."""
+        return open_retriever(self.p, self.retriever.embedder, layout.distill_index_dir(self.p, self.name))
 
     # -- checkpointing
 
     def save(self, path: Path) -> None:
-        self.student.save_pretrained(path / "student")
-        self.tokenizer.save_pretrained(path / "student")
+        save_hf(self.student, self.tokenizer, path / "student", self.opt_student, self.dp)
+        self.opt_student.save(path / "zero-student")
 
     def state_dict(self) -> dict:
         return {
@@ -90,12 +106,16 @@ class BankDistiller:
 
     def load_state_dict(self, state: dict, path: Path | None = None) -> None:
         """Restore from a checkpoint; round files written after it are dropped (they will be written again)."""
-        self.opt_student.load_state_dict(state["opt_student"])
+        self.opt_student.load(state["opt_student"], path / "zero-student" if path else None)
         self.pending = list(state["pending"])
         self.bank_version, self.added_rounds = int(state["bank_version"]), list(state["added_rounds"])
         if self.bank_dir is not None:
-            for n in round_numbers(self.bank_dir):
-                if n > self.bank_version:
-                    (self.bank_dir / f"round-{n:03d}.parquet").unlink()
-            if self.added_rounds:
-                self.retriever = refresh_retriever(self.p, self.bank_dir, layout.distill_index_dir(self.p, self.name), self.retriever.embedder)
+            if self.dp.is_main:
+                for n in round_numbers(self.bank_dir):
+                    if n > self.bank_version:
+                        (self.bank_dir / f"round-{n:03d}.parquet").unlink()
+                if self.added_rounds:
+                    self.retriever = refresh_retriever(self.p, self.bank_dir, layout.distill_index_dir(self.p, self.name), self.retriever.embedder)
+            self.dp.barrier()
+            if self.added_rounds and not self.dp.is_main:
+                self.retriever = self._reopen()

@@ -26,24 +26,26 @@ from lopd.config import Params
 from lopd.policy.scoring import token_logprobs
 from lopd.train.episodes import Episode, Timer, student_batch, to_episodes
 from lopd.train.losses import grpo_advantages, grpo_policy_loss, masked_mean
-from lopd.train.onpolicy import make_adam, optimizer_step
+from lopd.train.parallel import DataParallel
+from lopd.train.updater import make_updater, save_hf
 
 
 def grpo_update(
     model,
-    opt: torch.optim.Optimizer,
+    updater,
     episodes: Sequence[Episode],
     reward_NG: torch.Tensor,
     *,
     clip_eps: float,
     updates: int,
-    grad_clip: float,
     pad_id: int,
+    dp: DataParallel = DataParallel(),
 ) -> dict[str, float]:
     """``updates`` clipped-ratio steps on one group batch; ``episodes`` are task-major (row n·G + g).
 
-    Returns the first update's loss and the mean clip fraction over the updates (the share of
-    action tokens whose ratio left ``[1 − ε, 1 + ε]``).
+    ``updater`` is the optimiser step (``lopd.train.updater``). Returns the first update's loss
+    and the mean clip fraction over the updates (the share of action tokens whose ratio left
+    ``[1 − ε, 1 + ε]``), both over every rank's tokens (``dp``: this rank's groups are its shard).
     """
     n, g = reward_NG.shape
     if len(episodes) != n * g:
@@ -53,7 +55,7 @@ def grpo_update(
     ids_BT, attn_BT, mask_BT = (t.to(device) for t in student_batch(episodes, pad_id))
     with torch.no_grad():  # π_old at temperature 1 (module docstring)
         _, old_logp_BT = token_logprobs(model, ids_BT, attn_BT, mask_BT)
-    params = [q for q in model.parameters() if q.requires_grad]
+    w_tok, w_traj, w_group = dp.weight(mask_BT.sum()), dp.weight(n * g), dp.weight(n)  # local means → global (lopd.train.parallel)
     losses, clip_fracs, norms = [], [], []
     model.train()
     for _ in range(updates):
@@ -61,16 +63,16 @@ def grpo_update(
         loss = grpo_policy_loss(logp_BT, old_logp_BT, adv_B, mask_BT, clip_eps)
         with torch.no_grad():
             ratio_BT = torch.exp(logp_BT - old_logp_BT)
-            clip_fracs.append(float(masked_mean(((ratio_BT - 1.0).abs() > clip_eps).float(), mask_BT)))
-        norms.append(optimizer_step(opt, loss, params, grad_clip))
-        losses.append(loss.item())
+            clip_fracs.append(dp.average(masked_mean(((ratio_BT - 1.0).abs() > clip_eps).float(), mask_BT), w_tok))
+        norms.append(updater.step(loss * w_tok))
+        losses.append(dp.average(loss.item(), w_tok))
     model.eval()
     return {
         "loss": losses[0],
         "clip_frac": sum(clip_fracs) / len(clip_fracs),
         "grad_norm": norms[0],
-        "adv_abs_mean": float(adv_B.abs().mean()),
-        "zero_adv_groups": float((reward_NG.float().std(dim=1) == 0).float().mean()),
+        "adv_abs_mean": dp.average(adv_B.abs().mean(), w_traj),
+        "zero_adv_groups": dp.average((reward_NG.float().std(dim=1) == 0).float().mean(), w_group),
     }
 
 
@@ -79,11 +81,11 @@ class GRPOTrainer:
 
     name = "grpo"
 
-    def __init__(self, p: Params, student, tokenizer):
-        self.p, self.student, self.tokenizer = p, student, tokenizer
+    def __init__(self, p: Params, student, tokenizer, dp: DataParallel = DataParallel()):
+        self.p, self.student, self.tokenizer, self.dp = p, student, tokenizer, dp
         self.samples_per_task = p.grpo.group_size
         self.tasks_per_step = p.distill.batch_tasks // p.grpo.group_size
-        self.opt = make_adam(student.parameters(), p.grpo.lr)
+        self.opt_student = make_updater(p, student, list(student.parameters()), p.grpo.lr, dp)
         self.timer = Timer()
 
     def step(self, step: int, tasks: Sequence, trajs: Sequence) -> dict[str, float]:
@@ -92,19 +94,19 @@ class GRPOTrainer:
         reward_NG = torch.tensor([tr.reward for tr in trajs], dtype=torch.float32).reshape(len(trajs) // g, g)
         with self.timer("policy_update"):
             return grpo_update(
-                self.student, self.opt, episodes, reward_NG, clip_eps=self.p.grpo.clip_eps,
-                updates=self.p.grpo.updates_per_batch, grad_clip=self.p.distill.grad_clip, pad_id=self.tokenizer.pad_token_id,
+                self.student, self.opt_student, episodes, reward_NG, clip_eps=self.p.grpo.clip_eps,
+                updates=self.p.grpo.updates_per_batch, pad_id=self.tokenizer.pad_token_id, dp=self.dp,
             )
 
     def end_round(self, round_: int) -> None:
         """GRPO keeps no bank: nothing to refresh."""
 
     def save(self, path) -> None:
-        self.student.save_pretrained(path / "student")
-        self.tokenizer.save_pretrained(path / "student")
+        save_hf(self.student, self.tokenizer, path / "student", self.opt_student, self.dp)
+        self.opt_student.save(path / "zero-student")
 
     def state_dict(self) -> dict:
-        return {"opt": self.opt.state_dict()}
+        return {"opt": self.opt_student.state_dict()}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.opt.load_state_dict(state["opt"])
+    def load_state_dict(self, state: dict, path=None) -> None:
+        self.opt_student.load(state["opt"], path / "zero-student" if path else None)

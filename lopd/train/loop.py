@@ -5,6 +5,11 @@ Per step, ``distill.batch_tasks`` generations by the method's own student on tra
 ``step``), MLflow metrics, a dev evaluation every ``distill.eval_every`` steps (dev only: the test
 split is for ``lopd evaluate``) and a checkpoint every ``distill.checkpoint_every`` steps, from which
 ``distill.resume`` continues exactly (optimiser states, bank rounds, RNG).
+
+Data parallel (``distill.engine: deepspeed``, ``lopd.train.parallel``): every rank runs this loop
+on its block of each step's tasks and dev tasks; the budget is charged with the step's global
+count before anyone samples; rank 0 alone logs and writes, checkpoints are written by all ranks
+(each its ZeRO partition) into one directory that rank 0 then puts in place.
 """
 
 from __future__ import annotations
@@ -24,19 +29,21 @@ from tqdm.auto import tqdm
 
 from lopd import layout
 from lopd.config import Params, ParamsError
-from lopd.io import atomic_path
+from lopd.io import atomic_path, replace_path
 from lopd.policy.engine import train_tasks_by_id
 from lopd.train.bank_distiller import BankDistiller
 from lopd.train.lopd_trainer import LOPDTrainer
 from lopd.train.onpolicy import derive_seed, ends_round, rollout_budget, round_of, step_tasks
 from lopd.train.opsd_trainer import OPSDTrainer
+from lopd.train.parallel import DataParallel
+from lopd.train.updater import save_hf
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "state.pt"
 # The per-step numbers kept in metrics/distill.json (details.<method>.history).
 HISTORY_KEYS = ("step", "rollouts_cum", "train_wall_s", "reward_mean", "success_rate", "kl", "delta", "margin_violation",
-                "beta", "anchor", "student_grad_norm", "composer_grad_norm", "new_successes", "loss")
+                "beta", "anchor", "student_grad_norm", "composer_grad_norm", "grad_norm", "new_successes", "loss")
 
 
 def comparable_hash(p: Params) -> str:
@@ -52,7 +59,8 @@ def comparable_hash(p: Params) -> str:
 # ----------------------------------------------------------------------------- a method's trainer
 
 
-def make_trainer(p: Params, method: str, student, tokenizer, *, fresh_bank: bool = True, rounds: bool = True):
+def make_trainer(p: Params, method: str, student, tokenizer, *, fresh_bank: bool = True, rounds: bool = True,
+                 dp: DataParallel = DataParallel()):
     """The trainer of ``method`` ('lopd', 'opsd', 'grpo', 'sft') around a trainable ``student``.
 
     LOPD loads a second copy of the base as the composer's backbone (the frozen teacher), the
@@ -66,12 +74,12 @@ def make_trainer(p: Params, method: str, student, tokenizer, *, fresh_bank: bool
     if method == "grpo":
         from lopd.train.grpo import GRPOTrainer
 
-        return GRPOTrainer(p, student, tokenizer)
+        return GRPOTrainer(p, student, tokenizer, dp)
     if method == "sft":
         from lopd.train.episodes import bank_episodes
         from lopd.train.sft import SFTTrainer
 
-        return SFTTrainer(p, student, tokenizer, bank_episodes(p, tokenizer, read_bank(layout.bank_dir(p)), tasks_by_id), tasks_by_id)
+        return SFTTrainer(p, student, tokenizer, bank_episodes(p, tokenizer, read_bank(layout.bank_dir(p)), tasks_by_id), tasks_by_id, dp)
     if method not in ("lopd", "opsd"):
         raise ParamsError(f"params: distill method {method!r} has no trainer (allowed: lopd, opsd, grpo, sft)")
 
@@ -81,16 +89,17 @@ def make_trainer(p: Params, method: str, student, tokenizer, *, fresh_bank: bool
 
     backbone, _ = load_policy(layout.policy_path(p), p.model.dtype)  # the frozen teacher's weights
     bank_dir = layout.distill_bank_dir(p, method) if rounds else None
-    if bank_dir is not None and (fresh_bank or not bank_dir.is_dir()):
+    if bank_dir is not None and (fresh_bank or not bank_dir.is_dir()) and dp.is_main:
         with atomic_path(bank_dir) as tmp:
             shutil.copytree(layout.bank_dir(p), tmp)
         shutil.rmtree(layout.distill_index_dir(p, method), ignore_errors=True)  # an index of an earlier run's bank
+    dp.barrier()
     if method == "opsd":
         backbone.eval().requires_grad_(False)
-        return OPSDTrainer(p, student, tokenizer, backbone, open_retriever(p), tasks_by_id, bank_dir)
+        return OPSDTrainer(p, student, tokenizer, backbone, open_retriever(p), tasks_by_id, bank_dir, dp)
     composer = Composer.load(backbone, tokenizer, layout.composer_dir(p)).eval()
     anchor = None if p.composer.frozen else ComposerAnchor.from_dir(composer, layout.composer_dir(p))
-    return LOPDTrainer(p, student, tokenizer, composer, anchor, open_retriever(p), tasks_by_id, bank_dir)
+    return LOPDTrainer(p, student, tokenizer, composer, anchor, open_retriever(p), tasks_by_id, bank_dir, dp)
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -106,43 +115,61 @@ class LoopState:
     curve: list[dict] = field(default_factory=list)  # dev evaluations
 
 
-def dev_eval(p: Params, engine, dev_tasks: Sequence) -> dict[str, float]:
-    """Mean reward and success of one sample per dev task; the same seed every time (common random numbers)."""
+def dev_eval(p: Params, engine, dev_tasks: Sequence, dp: DataParallel = DataParallel()) -> dict[str, float]:
+    """Mean reward and success of one sample per dev task; the same seed every time (common random numbers).
+
+    Each rank plays its block of the dev tasks; every rank gets the numbers of all of them.
+    """
     from lopd.policy.engine import success_by_group
 
-    trajs = engine.run(dev_tasks, 1, seed=derive_seed(p.seed, "dev"), id_prefix="dev", progress=False)
+    trajs = dp.gather(engine.run(dp.split(dev_tasks), 1, seed=derive_seed(p.seed, "dev"), id_prefix="dev", progress=False))
     groups = success_by_group(p, dev_tasks, trajs)
     return {"dev_reward": sum(t.reward for t in trajs) / len(trajs), "dev_success": sum(t.success for t in trajs) / len(trajs),
             "dev_success_pretrain": groups["pretrain"], "dev_success_new": groups["new"]}
 
 
-def export_student(student, tokenizer, path: Path) -> None:
+def export_student(student, tokenizer, path: Path, updater=None, dp: DataParallel = DataParallel()) -> None:
     """A plain HF checkpoint (``save_pretrained``): loads with ``AutoModelForCausalLM``, no composer or bank needed."""
-    with atomic_path(path) as tmp:
-        student.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+    tmp = path.with_name(f".{path.name}.export")
+    if dp.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    save_hf(student, tokenizer, tmp, updater, dp)  # collective under ZeRO-3
+    if dp.is_main:
+        replace_path(tmp, path)
+    dp.barrier()
 
 
-def _save_checkpoint(p: Params, method: str, trainer, state: LoopState) -> None:
-    with atomic_path(layout.checkpoint_dir(p, method)) as tmp:
-        tmp.mkdir()
-        trainer.save(tmp)
-        torch.save({
-            "loop": asdict(state),
-            "trainer": trainer.state_dict(),
-            "rng_python": random.getstate(),
-            "rng_torch": torch.get_rng_state(),
-            "params_hash": comparable_hash(p),
-        }, tmp / STATE_FILE)
+def _rng_state() -> dict:
+    return {"rng_python": random.getstate(), "rng_torch": torch.get_rng_state()}
+
+
+def _save_checkpoint(p: Params, method: str, trainer, state: LoopState, dp: DataParallel = DataParallel()) -> None:
+    """Every rank writes its part (its ZeRO partition, its RNG) into one temporary directory;
+    rank 0 adds the loop state and puts the directory in place in one rename."""
+    final = layout.checkpoint_dir(p, method)
+    tmp = final.with_name(f".{final.name}.tmp")
+    if dp.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dp.barrier()
+    trainer.save(tmp)
+    if dp.active:
+        torch.save(_rng_state(), tmp / f"rng-{dp.rank}.pt")
+    dp.barrier()
+    if dp.is_main:
+        torch.save({"loop": asdict(state), "trainer": trainer.state_dict(), **_rng_state(), "params_hash": comparable_hash(p),
+                    "world": dp.world}, tmp / STATE_FILE)
         meta = {"method": method, "step": state.step, "rollouts_used": state.rollouts_used, "params_hash": comparable_hash(p)}
         if isinstance(trainer, BankDistiller):
             meta["bank_version"] = trainer.bank_version
         if isinstance(trainer, LOPDTrainer):
             meta["beta"] = trainer.beta
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        replace_path(tmp, final)
+    dp.barrier()
 
 
-def _load_checkpoint(p: Params, method: str) -> dict | None:
+def _load_checkpoint(p: Params, method: str, dp: DataParallel = DataParallel()) -> dict | None:
     path = layout.checkpoint_dir(p, method)
     if not (path / STATE_FILE).exists():
         return None
@@ -152,30 +179,40 @@ def _load_checkpoint(p: Params, method: str) -> dict | None:
             f"params: distill.resume = true but the checkpoint at {path} was written with other params "
             f"(hash {ckpt['params_hash']} != {comparable_hash(p)}): restore those params, or set distill.resume=false to start over"
         )
+    if ckpt.get("world", 1) != dp.world:
+        raise ParamsError(f"params: distill.resume = true but the checkpoint at {path} was written by {ckpt.get('world', 1)} "
+                          f"process(es), this run has {dp.world}: resume with --nproc {ckpt.get('world', 1)}, or set distill.resume=false")
+    if dp.rank:
+        ckpt.update(torch.load(path / f"rng-{dp.rank}.pt", weights_only=False))  # this rank's RNG
     return ckpt
 
 
-def _log_metrics(metrics: dict, step: int) -> None:
+def _log_metrics(metrics: dict, step: int, dp: DataParallel = DataParallel()) -> None:
+    if not dp.is_main:
+        return
     import mlflow
 
     mlflow.log_metrics({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v}, step=step)
 
 
-def train_method(p: Params, method: str, *, resume: bool = False, stop_after: int | None = None) -> dict | None:
+def train_method(p: Params, method: str, *, resume: bool = False, stop_after: int | None = None,
+                 dp: DataParallel = DataParallel()) -> dict | None:
     """Train one method at the budget; returns its summary (``None`` when ``stop_after`` cut it short).
 
     ``stop_after`` (a testing hook) returns after that many steps without exporting, as if the
-    process were killed there; ``resume`` continues from the last checkpoint.
+    process were killed there; ``resume`` continues from the last checkpoint. ``dp``: this
+    process's rank (module docstring).
     """
     from lopd.policy.engine import make_engine, split_tasks
     from lopd.policy.modeling import load_policy
     from lopd.policy.rollout import RolloutBudget
 
     d = p.distill
-    ckpt = _load_checkpoint(p, method) if resume and method != "vanilla" else None
+    ckpt = _load_checkpoint(p, method, dp) if resume and method != "vanilla" else None
     if resume and ckpt is None and method != "vanilla":
         log.info("distill %s: no checkpoint at %s, starting from step 0", method, layout.checkpoint_dir(p, method))
-    if ckpt is None:  # starting over: an earlier run's checkpoint must never be resumed into this one
+    dp.barrier()  # every rank has read the checkpoint before rank 0 may remove it
+    if ckpt is None and dp.is_main:  # starting over: an earlier run's checkpoint must never be resumed into this one
         shutil.rmtree(layout.checkpoint_dir(p, method), ignore_errors=True)
     src = layout.checkpoint_dir(p, method) / "student" if ckpt else layout.policy_path(p)
     student, tokenizer = load_policy(src, p.model.dtype)
@@ -184,14 +221,15 @@ def train_method(p: Params, method: str, *, resume: bool = False, stop_after: in
     state = LoopState()
 
     if method == "vanilla":  # the base as is: one dev evaluation, no generation spent
-        state.curve.append({"step": 0, "rollouts_cum": 0, "train_wall_s": 0.0, **dev_eval(p, engine, dev_tasks)})
+        state.curve.append({"step": 0, "rollouts_cum": 0, "train_wall_s": 0.0, **dev_eval(p, engine, dev_tasks, dp)})
         state.eval_rollouts = len(dev_tasks)
-        _log_metrics({k: v for k, v in state.curve[0].items() if k.startswith("dev_")}, 0)
+        _log_metrics({k: v for k, v in state.curve[0].items() if k.startswith("dev_")}, 0, dp)
         return _summary(p, method, state, None)
 
-    trainer = make_trainer(p, method, student, tokenizer, fresh_bank=ckpt is None)
+    trainer = make_trainer(p, method, student, tokenizer, fresh_bank=ckpt is None, dp=dp)
+    generation = trainer.opt_student.for_generation  # ZeRO-3: full weights for the whole rollout
     if ckpt:
-        trainer.load_state_dict(ckpt["trainer"], **({"path": layout.checkpoint_dir(p, method)} if method == "lopd" else {}))
+        trainer.load_state_dict(ckpt["trainer"], path=layout.checkpoint_dir(p, method))
         state = LoopState(**ckpt["loop"])
         random.setstate(ckpt["rng_python"])
         torch.set_rng_state(ckpt["rng_torch"])
@@ -201,28 +239,35 @@ def train_method(p: Params, method: str, *, resume: bool = False, stop_after: in
     train_tasks = split_tasks(p, "train")
 
     def evaluate_dev() -> None:
-        point = {"step": state.step, "rollouts_cum": budget.used, "train_wall_s": state.train_wall_s, **dev_eval(p, engine, dev_tasks)}
+        with generation():
+            point = {"step": state.step, "rollouts_cum": budget.used, "train_wall_s": state.train_wall_s, **dev_eval(p, engine, dev_tasks, dp)}
         state.curve.append(point)
         state.eval_rollouts += len(dev_tasks)
         # x = generations spent: the efficiency axis of the spec (dev reward vs cumulative rollouts).
-        _log_metrics({k: v for k, v in point.items() if k.startswith("dev_") and v is not None}, budget.used)
+        _log_metrics({k: v for k, v in point.items() if k.startswith("dev_") and v is not None}, budget.used, dp)
 
     if state.step == 0 and not state.curve:
         evaluate_dev()  # the starting point of the curve (0 generations)
-    bar = tqdm(range(state.step, d.steps), desc=f"distill {method}", unit="step", initial=state.step, total=d.steps, leave=False)
+    bar = tqdm(range(state.step, d.steps), desc=f"distill {method}", unit="step", initial=state.step, total=d.steps,
+               leave=False, disable=not dp.is_main)
     for step in bar:
         t0 = time.perf_counter()
         tasks = step_tasks(p, train_tasks, step, trainer.tasks_per_step)
-        with trainer.timer("rollout"):
-            trajs = engine.run(tasks, trainer.samples_per_task, seed=derive_seed(p.seed, method, "rollout", step),
-                               budget=budget, id_prefix=f"{method}-s{step}", progress=False)
-        metrics = trainer.step(step, tasks, trajs)
+        budget.charge(len(tasks) * trainer.samples_per_task)  # the step's global count, before anyone samples
+        mine = dp.split(tasks)  # this rank's block of the step's tasks (all of them in one process)
+        with trainer.timer("rollout"), generation():
+            local = engine.run(mine, trainer.samples_per_task, seed=derive_seed(p.seed, method, "rollout", step),
+                               id_prefix=f"{method}-s{step}", progress=False)
+        trajs = dp.gather(local)
+        if len(trajs) != len(tasks) * trainer.samples_per_task:
+            raise RuntimeError(f"step {step}: {len(trajs)} rollouts returned for {len(tasks) * trainer.samples_per_task} charged")
+        metrics = trainer.step(step, mine, local)
         metrics.update(
             reward_mean=sum(t.reward for t in trajs) / len(trajs),
             success_rate=sum(t.success for t in trajs) / len(trajs),
             rollouts_cum=budget.used,
             n_rollouts=len(trajs),
-            tokens_per_s=engine.stats.gen_tokens_per_s,
+            tokens_per_s=dp.sum(engine.stats.gen_tokens_per_s),  # all ranks together
         )
         if ends_round(p, step):
             trainer.end_round(round_of(p, step))
@@ -231,16 +276,16 @@ def train_method(p: Params, method: str, *, resume: bool = False, stop_after: in
         state.step, state.rollouts_used = step + 1, budget.used
         metrics.update(step_s=time.perf_counter() - t0, train_wall_s=state.train_wall_s)
         state.history.append({"step": step, **metrics})
-        _log_metrics(metrics, step)
+        _log_metrics(metrics, step, dp)
         bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", **({"beta": f"{metrics['beta']:.3f}"} if "beta" in metrics else {}))
         if state.step % d.eval_every == 0 or state.step == d.steps:
             evaluate_dev()
         if state.step % d.checkpoint_every == 0 or state.step == d.steps:
-            _save_checkpoint(p, method, trainer, state)
+            _save_checkpoint(p, method, trainer, state, dp)
         if stop_after is not None and state.step >= stop_after and state.step < d.steps:
             return None
     bar.close()
-    export_student(trainer.student, tokenizer, layout.student_dir(p, method))
+    export_student(trainer.student, tokenizer, layout.student_dir(p, method), trainer.opt_student, dp)
     return _summary(p, method, state, trainer)
 
 

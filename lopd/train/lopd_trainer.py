@@ -38,7 +38,8 @@ from lopd.policy.scoring import token_logprobs
 from lopd.train.bank_distiller import BankDistiller
 from lopd.train.episodes import student_batch, teacher_batch, to_episodes
 from lopd.train.losses import composer_lagrangian, dual_update, latent_anchor, masked_mean, privilege, topm_kl_per_token, trajectory_margin
-from lopd.train.onpolicy import make_adam, optimizer_step
+from lopd.train.parallel import DataParallel
+from lopd.train.updater import make_updater
 
 
 class LOPDTrainer(BankDistiller):
@@ -46,11 +47,13 @@ class LOPDTrainer(BankDistiller):
 
     name = "lopd"
 
-    def __init__(self, p: Params, student, tokenizer, composer, anchor, retriever, tasks_by_id: dict, bank_dir: Path | None = None):
-        super().__init__(p, student, tokenizer, retriever, tasks_by_id, bank_dir, p.distill.student_lr)
+    def __init__(self, p: Params, student, tokenizer, composer, anchor, retriever, tasks_by_id: dict, bank_dir: Path | None = None,
+                 dp: DataParallel = DataParallel()):
+        super().__init__(p, student, tokenizer, retriever, tasks_by_id, bank_dir, p.distill.student_lr, dp)
         self.composer, self.anchor = composer, anchor  # c_φ (trainable) and c_φ₀ (the cold start, frozen)
         self.phi = composer.trainable_parameters()  # encoder LoRA + resampler
-        self.opt_composer = None if p.composer.frozen else make_adam(self.phi, p.distill.composer_lr)
+        # φ is a few MB: ZeRO-3 would only shard the frozen teacher inside the composer, so ZeRO-2 at most.
+        self.opt_composer = None if p.composer.frozen else make_updater(p, composer, self.phi, p.distill.composer_lr, dp, max_stage=2)
         self.beta = p.distill.beta0  # β₀ = 0
 
     @property
@@ -68,6 +71,8 @@ class LOPDTrainer(BankDistiller):
             exps = self.experiences([e.task for e in episodes])
         ids_BT, attn_BT, mask_BT = (t.to(device) for t in student_batch(episodes, self.tokenizer.pad_token_id))
         reward_B = torch.tensor([e.reward for e in episodes], dtype=torch.float32, device=device)
+        # Token and trajectory means over every rank's batch (lopd.train.parallel; 1.0 in one process).
+        w_tok, w_traj = self.dp.weight(mask_BT.sum()), self.dp.weight(len(episodes))
         # The teacher's prompt: the student's conversation + framing + <|LATENT_PH|> slots (spec step 4).
         tb = teacher_batch(self.tokenizer, episodes, self.n_latents, p.composer.placeholder).to(device)
 
@@ -89,16 +94,17 @@ class LOPDTrainer(BankDistiller):
                 latents_BLD = latents_phi_BLD.detach() if reuse else self.composer(texts, exps)
                 t = teacher_logprobs(self.composer.backbone, tb, latents_BLD, ids_BT, mask_BT, top_m=d.top_m, ids_BTM=student_ids)
             ids_BTM = t.topm_ids_BTM
-            delta = float(trajectory_margin(privilege(t.token_logp_BT, s_tok_BT, mask_BT), reward_B, mask_BT))  # Δ (E2, E3)
+            delta = self.dp.average(trajectory_margin(privilege(t.token_logp_BT, s_tok_BT, mask_BT), reward_B, mask_BT), w_tok)  # Δ (E2, E3)
 
         # 4. Student update: reverse KL(π_S ‖ π_T) on top-M + tail per action token, teacher detached (E1).
         with self.timer("student_update"):
             kl = masked_mean(topm_kl_per_token(s_logp_BTV.gather(-1, ids_BTM), t.topm_logp_BTM), mask_BT)
-            student_norm = optimizer_step(self.opt_student, kl, list(self.student.parameters()), d.grad_clip)
+            student_norm = self.opt_student.step(kl * w_tok)
             self.student.eval()
+        kl_value = self.dp.average(kl.item(), w_tok)
 
         # 5. Composer update on the Lagrangian, same support ids, student detached (E4).
-        out = {"kl": kl.item(), "delta": delta, "margin_violation": d.margin - delta, "student_grad_norm": student_norm}
+        out = {"kl": kl_value, "delta": delta, "margin_violation": d.margin - delta, "student_grad_norm": student_norm}
         if self.opt_composer is not None:
             with self.timer("composer_update"):
                 anchor_BLD = self.anchor.latents(texts, exps)  # c_φ₀ on the same inputs (eval mode: no dropout)
@@ -108,10 +114,11 @@ class LOPDTrainer(BankDistiller):
                 kl_phi = masked_mean(topm_kl_per_token(s_logp_BTV.detach().gather(-1, ids_BTM), t_phi.topm_logp_BTM), mask_BT)  # E1
                 delta_phi = trajectory_margin(privilege(t_phi.token_logp_BT, s_tok_BT, mask_BT), reward_B, mask_BT)  # Δ(φ), E2–E3
                 anchor = latent_anchor(latents_BLD, anchor_BLD)  # ‖c_φ − c_φ₀‖²
-                loss_phi = composer_lagrangian(kl_phi, delta_phi, self.beta, d.margin, anchor, d.anchor_lambda)  # E4
-                out.update(anchor=anchor.item(), composer_loss=loss_phi.item(),
-                           composer_grad_norm=optimizer_step(self.opt_composer, loss_phi, self.phi, d.grad_clip))
+                loss_phi = composer_lagrangian(kl_phi * w_tok, delta_phi * w_tok, self.beta, d.margin, anchor * w_traj, d.anchor_lambda)  # E4
+                out["composer_grad_norm"] = self.opt_composer.step(loss_phi)
                 self.composer.eval()
+                # the rank average of the weighted L_φ is the global L_φ (β·m is the same on every rank)
+                out.update(anchor=self.dp.average(anchor.item(), w_traj), composer_loss=self.dp.average(loss_phi.item(), 1.0))
         else:
             out.update(anchor=0.0)  # φ = φ₀ by construction
 
@@ -127,7 +134,9 @@ class LOPDTrainer(BankDistiller):
     def save(self, path: Path) -> None:
         super().save(path)
         if self.opt_composer is not None:
-            self.composer.save(path / "composer")
+            if self.dp.is_main:
+                self.composer.save(path / "composer")
+            self.opt_composer.save(path / "zero-composer")
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "beta": self.beta,
@@ -137,6 +146,6 @@ class LOPDTrainer(BankDistiller):
         if self.opt_composer is not None:
             if path is not None:
                 self.composer.load_weights(path / "composer")
-            self.opt_composer.load_state_dict(state["opt_composer"])
+            self.opt_composer.load(state["opt_composer"], path / "zero-composer" if path else None)
         self.beta = float(state["beta"])
         super().load_state_dict(state, path)

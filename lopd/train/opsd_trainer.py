@@ -18,7 +18,7 @@ from lopd.policy.scoring import token_logprobs
 from lopd.train.bank_distiller import BankDistiller
 from lopd.train.episodes import student_batch, to_episodes
 from lopd.train.losses import masked_mean, privilege, topm_kl_per_token, trajectory_margin
-from lopd.train.onpolicy import optimizer_step
+from lopd.train.parallel import DataParallel
 
 
 class OPSDTrainer(BankDistiller):
@@ -33,8 +33,9 @@ class OPSDTrainer(BankDistiller):
 
     name = "opsd"
 
-    def __init__(self, p: Params, student, tokenizer, teacher, retriever, tasks_by_id: dict, bank_dir: Path | None = None):
-        super().__init__(p, student, tokenizer, retriever, tasks_by_id, bank_dir, p.distill.opsd_lr)
+    def __init__(self, p: Params, student, tokenizer, teacher, retriever, tasks_by_id: dict, bank_dir: Path | None = None,
+                 dp: DataParallel = DataParallel()):
+        super().__init__(p, student, tokenizer, retriever, tasks_by_id, bank_dir, p.distill.opsd_lr, dp)
         self.teacher = teacher  # the frozen base
 
     def step(self, step: int, tasks: Sequence, trajs: Sequence) -> dict[str, float]:
@@ -45,6 +46,7 @@ class OPSDTrainer(BankDistiller):
             texts = ["\n\n".join(exp) for exp in self.experiences([e.task for e in episodes])]
         ids_BT, attn_BT, mask_BT = (t.to(device) for t in student_batch(episodes, self.tokenizer.pad_token_id))
         reward_B = torch.tensor([e.reward for e in episodes], dtype=torch.float32, device=device)
+        w_tok = self.dp.weight(mask_BT.sum())  # token means over every rank's batch (lopd.train.parallel)
 
         with self.timer("student_update"):
             self.student.train()
@@ -55,10 +57,10 @@ class OPSDTrainer(BankDistiller):
             student_ids = s_logp_BTV.detach().topk(d.top_m, dim=-1).indices if d.kl_support == "student" else None
             no_latents = torch.zeros(len(episodes), 0, self.teacher.config.hidden_size, device=device)
             t = teacher_logprobs(self.teacher, tb, no_latents, ids_BT, mask_BT, top_m=d.top_m, ids_BTM=student_ids)
-            delta = float(trajectory_margin(privilege(t.token_logp_BT, s_tok_BT, mask_BT), reward_B, mask_BT))
+            delta = self.dp.average(trajectory_margin(privilege(t.token_logp_BT, s_tok_BT, mask_BT), reward_B, mask_BT), w_tok)
         # 2. Student update: the same reverse KL(π_S ‖ π_T) on top-M + tail as LOPD's.
         with self.timer("student_update"):
             kl = masked_mean(topm_kl_per_token(s_logp_BTV.gather(-1, t.topm_ids_BTM), t.topm_logp_BTM), mask_BT)
-            norm = optimizer_step(self.opt_student, kl, list(self.student.parameters()), d.grad_clip)
+            norm = self.opt_student.step(kl * w_tok)
             self.student.eval()
-        return {"kl": kl.item(), "delta": delta, "student_grad_norm": norm, "new_successes": self.keep_successes(trajs)}
+        return {"kl": self.dp.average(kl.item(), w_tok), "delta": delta, "student_grad_norm": norm, "new_successes": self.keep_successes(trajs)}

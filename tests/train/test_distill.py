@@ -266,6 +266,7 @@ def test_grpo_step_raises_the_better_rollout_and_clips(project):
     from lopd.policy.scoring import token_logprobs
     from lopd.train.episodes import student_batch
     from lopd.train.grpo import GRPOTrainer, grpo_update
+    from lopd.train.updater import TorchAdam
 
     tok = tiny_tokenizer()
     task, trajs = _group(tok, project)
@@ -279,9 +280,9 @@ def test_grpo_step_raises_the_better_rollout_and_clips(project):
 
     model = tiny_model()
     before = mean_logp(model)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    opt = TorchAdam(model.parameters(), lr=1e-2, grad_clip=1.0)
     reward_NG = torch.tensor([[1.0, 0.0]])
-    m = grpo_update(model, opt, episodes, reward_NG, clip_eps=0.2, updates=4, grad_clip=1.0, pad_id=tok.pad_token_id)
+    m = grpo_update(model, opt, episodes, reward_NG, clip_eps=0.2, updates=4, pad_id=tok.pad_token_id)
     after = mean_logp(model)
     assert after[0] > before[0] and after[1] < before[1]  # advantage +0.7 up, −0.7 down
     assert grpo_advantages(reward_NG).tolist()[0] == pytest.approx([0.7070, -0.7070], abs=1e-3)
@@ -384,6 +385,8 @@ class ExpertForSolvable:
 
     def generate(self, prompts, max_new_tokens, rngs=None):
         known = [any(tuple(pr[: len(k)]) == k for k in self.replay.episodes) for pr in prompts]
+        if rngs:  # rollout.rng: trajectory: the expert plays half the trajectories (by seed), so GRPO groups mix rewards
+            known = [k and g.initial_seed() % 2 == 0 for k, g in zip(known, rngs)]
         experts = iter(self.replay.generate([pr for pr, k in zip(prompts, known) if k], max_new_tokens))
         rest = [pr for pr, k in zip(prompts, known) if not k]
         sampled = iter(self.real.generate(rest, max_new_tokens, [g for g, k in zip(rngs, known) if not k] if rngs else None) if rest else [])

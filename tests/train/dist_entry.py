@@ -1,0 +1,54 @@
+"""One ``distill`` run of a test project on every rank of a ``torch.distributed.run`` launch.
+
+``python -m torch.distributed.run --nproc_per_node N -m tests.train.dist_entry ROOT OUT [--stop-after K] [--resume] [KEY=VALUE ...]``
+
+Each rank gets the test doubles of ``tests/train/test_distill.py`` (fake embedder, no MLflow, the
+scripted expert on the train tasks it solves, so rewards and advantages are not all zero) and runs
+``lopd.stages.distill.run``; rank 0 writes the result to OUT as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+from pathlib import Path
+
+import mlflow
+
+import lopd.memory.embed
+import lopd.ops.tracking
+import lopd.policy.engine
+from lopd.stages import distill
+from tests.train.test_distill import ExpertForSolvable, FakeEmbedder, with_params
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("root")
+    ap.add_argument("out")
+    ap.add_argument("--stop-after", type=int, default=None)
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_intermixed_args()
+
+    class Root:  # with_params reads the project root from p.root()
+        def root(self):
+            return Path(args.root)
+
+    p = with_params(Root(), *args.overrides)
+    lopd.memory.embed.make_embedder = lambda p, device=None: FakeEmbedder()
+    lopd.ops.tracking.stage_run = lambda *a, **k: contextlib.nullcontext()
+    for fn in ("log_metrics", "log_metric", "log_artifact", "log_text"):
+        setattr(mlflow, fn, lambda *a, **k: None)
+    real = lopd.policy.engine.make_backend
+    lopd.policy.engine.make_backend = lambda kind, model, tok, t, top_p: ExpertForSolvable(real(kind, model, tok, t, top_p), tok, p)
+
+    out = distill.run(p, resume=args.resume, stop_after=args.stop_after)
+    if int(os.environ.get("RANK", 0)) == 0:
+        Path(args.out).write_text(json.dumps(out, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Data-parallel distill under DeepSpeed ZeRO on 2 CPU ranks (gloo) against one process.
+
+The helpers of ``lopd.train.parallel`` are checked against closed forms in one process; the
+launches (``torch.distributed.run``, ``tests/train/dist_entry.py``) train every method on a test
+project whose student meets the scripted expert's successes, so rewards, advantages, bank rounds
+and the composer's update are all non-trivial.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lopd import layout
+from lopd.config import ParamsError
+from lopd.train.parallel import DataParallel
+from lopd.train.updater import deepspeed_config
+from tests.train.test_distill import REPO, build_project, with_params
+
+deepspeed = pytest.importorskip("deepspeed", reason="deepspeed is not installed (make install puts it in .venv)")
+
+METHODS = "distill.methods=[lopd,opsd,grpo,sft]"
+COMMON = (METHODS, "rollout.rng=trajectory", "env.max_turns=3", "distill.rounds=2", "distill.eval_dev_tasks=4")
+FIRST_STEP = {"lopd": ("kl", "delta", "student_grad_norm", "composer_grad_norm"), "opsd": ("kl", "delta", "student_grad_norm"),
+              "grpo": ("loss", "grad_norm"), "sft": ("loss", "grad_norm")}
+
+
+def test_split_gather_and_weights_in_one_process():
+    dp = DataParallel()
+    assert dp.split([1, 2, 3]) == [1, 2, 3] and dp.gather([4]) == [4]
+    assert dp.weight(7) == 1.0 and dp.weight(0) == 0.0 and dp.average(0.25, 1.0) == 0.25
+    blocks = [DataParallel(r, 3).split(list(range(8))) for r in range(3)]
+    assert blocks == [[0, 1, 2], [3, 4, 5], [6, 7]]  # contiguous, sizes differ by at most one, rank order = order
+
+
+def test_deepspeed_config_takes_lr_clip_and_batch_from_params():
+    template = json.loads((REPO / "infra/deepspeed/zero3.json").read_text())
+    cfg = deepspeed_config(template, lr=3e-4, grad_clip=0.5, batch=32, world=4, bf16=False, max_stage=2)
+    assert (cfg["train_batch_size"], cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (32, 8, 1)
+    assert cfg["optimizer"]["params"]["lr"] == 3e-4 and cfg["gradient_clipping"] == 0.5 and cfg["bf16"]["enabled"] is False
+    assert cfg["zero_optimization"]["stage"] == 2  # capped (the composer's engine)
+    assert template["optimizer"]["params"]["lr"] == "auto"  # the template is not touched
+    with pytest.raises(ParamsError, match=r"'auto' at \['scheduler.params.warmup'\]"):
+        deepspeed_config({**template, "scheduler": {"params": {"warmup": "auto"}}}, lr=1.0, grad_clip=1.0, batch=4, world=2, bf16=False)
+
+
+def test_launch_checks_fail_before_any_compute(tmp_path):
+    from lopd.stages.distill import check_parallel
+
+    p = with_params(build_project(tmp_path), "distill.engine=deepspeed", "distill.zero_config=infra/deepspeed/zero9.json")
+    with pytest.raises(ParamsError, match=r"zero_config = 'infra/deepspeed/zero9.json' is not a file"):
+        check_parallel(p, ["lopd"], 1)
+    p = with_params(p, "distill.engine=deepspeed")
+    with pytest.raises(ParamsError, match=r"tasks per step \{'grpo': 2\}: every rank needs a task"):
+        check_parallel(p, ["lopd", "grpo"], 4)
+    with pytest.raises(ParamsError, match="distill.engine = 'single' runs one process, but 2 were launched"):
+        check_parallel(with_params(p, "distill.engine=single"), ["lopd"], 2)
+
+
+def launch(root, nproc: int, *overrides: str, stop_after: int | None = None, resume: bool = False) -> dict:
+    out = root / f"out-{nproc}-{stop_after}-{resume}.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "tests.train.dist_entry",
+           str(root), str(out), *(["--stop-after", str(stop_after)] if stop_after else []), *(["--resume"] if resume else []), *overrides]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def _students(p, methods=("lopd", "opsd", "grpo", "sft")):
+    return {m: load_file(layout.student_dir(p, m) / "model.safetensors") for m in methods}
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    p = build_project(tmp_path_factory.mktemp("dp1"), *COMMON)
+    return p, launch(p.root(), 1, *COMMON)
+
+
+def test_zero2_on_two_ranks_matches_one_process(one_process, tmp_path):
+    p1, single = one_process
+    p2 = build_project(tmp_path / "zero2", *COMMON)
+    double = launch(p2.root(), 2, *COMMON, "distill.engine=deepspeed")
+    for method, keys in FIRST_STEP.items():
+        a, b = single["details"][method], double["details"][method]
+        assert a["rollouts"] == b["rollouts"] == 8  # the global budget: 2 steps × 4
+        for key in keys:
+            assert any(h[key] != 0.0 for h in a["history"]), (method, key)  # a comparison of zeros only would prove nothing
+            # the first step within 1e-4 (the same weights, the same batch); later ones after an update within 1e-3
+            for ha, hb in zip(a["history"], b["history"]):
+                assert hb[key] == pytest.approx(ha[key], rel=1e-4 if ha["step"] == 0 else 1e-3, abs=1e-12), (method, key, ha["step"])
+        # the same rollouts (rollout.rng: trajectory): identical rewards and dev curves
+        assert [h["reward_mean"] for h in a["history"]] == [h["reward_mean"] for h in b["history"]]
+        assert [c["dev_success"] for c in a["curve"]] == [c["dev_success"] for c in b["curve"]]
+    assert any(h["reward_mean"] > 0 for h in single["details"]["grpo"]["history"])
+    s1, s2 = _students(p1), _students(p2)
+    for m in s1:
+        for k in s1[m]:
+            torch.testing.assert_close(s2[m][k], s1[m][k], atol=1e-5, rtol=1e-4)
+    # rank 0 alone wrote the outputs, and each rank's ZeRO partition is in the checkpoint
+    assert (p2.root() / "metrics" / "distill.json").exists()
+    zero = layout.checkpoint_dir(p2, "lopd") / "zero-student" / "zero"
+    assert sorted(f.name for f in zero.glob("*optim_states.pt")) == [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)]
+
+
+def test_zero3_on_two_ranks_completes_and_matches(one_process, tmp_path):
+    p1, single = one_process
+    p3 = build_project(tmp_path / "zero3", *COMMON)
+    out = launch(p3.root(), 2, *COMMON, "distill.engine=deepspeed", "distill.zero_config=infra/deepspeed/zero3.json")
+    for method in ("lopd", "grpo"):
+        assert out["details"][method]["rollouts"] == 8 and out["details"][method]["steps"] == 2
+        for key in FIRST_STEP[method]:
+            for h, ref in zip(out["details"][method]["history"], single["details"][method]["history"]):
+                assert h[key] == pytest.approx(ref[key], rel=1e-4 if h["step"] == 0 else 1e-3, abs=1e-12), (method, key, h["step"])
+    s1, s3 = _students(p1, ("lopd",)), _students(p3, ("lopd",))  # the gathered ZeRO-3 weights, a plain HF checkpoint
+    for k in s1["lopd"]:
+        torch.testing.assert_close(s3["lopd"][k], s1["lopd"][k], atol=1e-5, rtol=1e-4)
+
+
+def test_resume_under_deepspeed_continues_the_two_rank_run(tmp_path):
+    """Killed after step 1 of 2 (checkpoint at step 1) and resumed on 2 ranks = one straight 2-rank run."""
+    extra = (*COMMON, "distill.methods=[lopd,sft]", "distill.engine=deepspeed")
+    straight = build_project(tmp_path / "straight", *extra)
+    o1 = launch(straight.root(), 2, *extra)
+    resumed = build_project(tmp_path / "resumed", *extra)
+    assert launch(resumed.root(), 2, *extra, stop_after=1) == {"stopped_after": 1, "method": "lopd"}
+    o2 = launch(resumed.root(), 2, *extra, "distill.resume=true", resume=True)
+    for m in ("lopd", "sft"):
+        h1, h2 = o1["details"][m]["history"], o2["details"][m]["history"]
+        untimed = lambda h: {k: v for k, v in h.items() if k != "train_wall_s"}  # noqa: E731
+        assert [h["step"] for h in h2] == [0, 1]  # step 0 from the checkpoint, step 1 trained after the resume
+        for a, b in zip(h1, h2):
+            assert untimed(b) == pytest.approx(untimed(a), rel=1e-6)
+    s1, s2 = _students(straight, ("lopd", "sft")), _students(resumed, ("lopd", "sft"))
+    for m in s1:
+        for k in s1[m]:
+            torch.testing.assert_close(s2[m][k], s1[m][k], atol=1e-6, rtol=1e-6)
