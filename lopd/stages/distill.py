@@ -29,7 +29,7 @@ from lopd.config import Params
 from lopd.io import atomic_path, read_json, write_json
 from lopd.train.loop import comparable_hash, train_method
 from lopd.train.onpolicy import check_methods, rollout_budget
-from lopd.train.parallel import DataParallel, from_env, init_data_parallel
+from lopd.train.parallel import from_env, init_data_parallel
 
 log = logging.getLogger(__name__)
 
