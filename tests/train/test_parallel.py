@@ -63,6 +63,14 @@ def test_launch_checks_fail_before_any_compute(tmp_path):
         check_parallel(with_params(p, "distill.engine=single"), ["lopd"], 2)
 
 
+def test_nproc_needs_the_deepspeed_engine(tmp_path, capsys):
+    from lopd.cli import main
+
+    assert main(["distill", "--profile", "smoke", "--set", f"paths.root={tmp_path}", "--nproc", "2"]) == 2
+    assert "distill.engine = 'single' runs one process: add --set distill.engine=deepspeed" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing launched, nothing written
+
+
 def launch(root, nproc: int, *overrides: str, stop_after: int | None = None, resume: bool = False) -> dict:
     out = root / f"out-{nproc}-{stop_after}-{resume}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "tests.train.dist_entry",
