@@ -1,7 +1,7 @@
 """``rollout.backend: vllm``: the rollouts on a vLLM engine, the training on the Hugging Face student.
 
-The engine is built from the checkpoint the student was loaded from (``model.name_or_path``) and
-keeps its own copy of the weights; the student's are pushed into it (``load_weights``, then the
+The engine is built from the checkpoint the student was loaded from (``model.name_or_path``), in
+this process, and keeps its own copy of the weights; the student's are pushed into it (``load_weights``, then the
 prefix cache is dropped) before the first generation after every ``reset()``, which the rollout
 engine calls around every run, so every run samples from the current student.
 
@@ -22,12 +22,15 @@ latents), and vLLM cannot return prompt log-probs for prompt embeddings.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 import torch
 
 from lopd.policy.generation import Generation
+
+log = logging.getLogger(__name__)
 
 
 class VLLMBackend:
@@ -42,7 +45,12 @@ class VLLMBackend:
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"rollout.backend = 'vllm': the student was not loaded from a checkpoint directory "
                                     f"({str(path)!r}); vLLM builds its engine from one (model.path or models/base)")
-        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the weights travel to the engine's workers by RPC
+        # The engine runs in this process, beside the trainer (as TRL's colocate mode): the weight push
+        # then hands vLLM the student's tensors by reference. With vLLM's engine-core process the push
+        # must serialise every tensor over RPC, which fails ("cannot pickle memoryview objects", vllm 0.32).
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
+            log.warning("rollout.backend = 'vllm': VLLM_ENABLE_V1_MULTIPROCESSING set to 0 (the weight push needs the engine in this process)")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.model, self.temperature, self.top_p = model, temperature, top_p
         gen_eos = model.generation_config.eos_token_id
         gen_eos = [gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])
@@ -62,7 +70,8 @@ class VLLMBackend:
     def push_weights(self) -> None:
         """Copy the student's weights into the engine (Hugging Face names; vLLM maps them) and drop the prefix cache."""
         weights = [(k, v.detach()) for k, v in self.model.state_dict().items()]
-        # in place, through vLLM's loader (it re-applies the post-load processing, e.g. the CPU weight repacking)
+        # in place, through vLLM's loader (it re-applies the post-load processing, e.g. the CPU weight
+        # repacking, which is why a plain ``model.load_weights`` fails after the first load)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
         self.stale, self.pushes = False, self.pushes + 1

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 pytest.importorskip("vllm", reason="vllm is not installed here: `make test-vllm` runs this file in its own environment (.venv-vllm)")
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: quicker to start on 2 cores
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # vLLM's default; the backend must put its engine in this process anyway
 
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
@@ -98,6 +98,7 @@ def test_multi_turn_token_prompts_stop_ids_and_logprobs_match_hf(student, backen
             torch.testing.assert_close(torch.tensor(gen.logprobs), want, atol=ATOL, rtol=0)
         prompts = [p + g.token_ids + [20 + turn, 21 + turn] for p, g in zip(prompts, gens)]
     assert backend.pushes == 1  # one push per run, not per turn
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the backend put the engine in this process (the push needs it)
 
 
 def test_per_trajectory_seeds_do_not_depend_on_the_batch(backend):
