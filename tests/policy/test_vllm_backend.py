@@ -13,12 +13,19 @@ temperature and top-p, the student's weights pushed after an optimiser step, per
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 pytest.importorskip("vllm", reason="vllm is not installed here: `make test-vllm` runs this file in its own environment (.venv-vllm)")
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # vLLM's default; the backend must put its engine in this process anyway
+# On CPU the KV cache is otherwise sized from gpu_memory_utilization × RAM: three engines (this process
+# and two ranks) would not fit in 24 GiB. 1 GiB each is plenty for a 2-layer model.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
@@ -125,3 +132,16 @@ def test_student_weights_are_pushed_after_an_optimiser_step(student, backend):
     after = backend.generate([prompt], 8, [torch.Generator().manual_seed(0)])[0]
     torch.testing.assert_close(torch.tensor(after.logprobs), _hf_logprobs(model, prompt, after, 0.7, 0.95), atol=ATOL, rtol=0)
     assert _hf_logprobs(model, prompt, before, 0.7, 0.95).tolist() != before.logprobs  # the weights did change
+
+
+def test_an_engine_per_rank_beside_an_initialised_process_group(checkpoint):
+    """Under ``lopd distill --nproc N`` each rank builds its own engine after DeepSpeed has set up
+    the process group: two gloo ranks, an engine each, weights pushed, one turn sampled each."""
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(repo / "tests/policy/vllm_rank.py"), str(checkpoint)],
+                          cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = sorted(re.findall(r"rank (\d) pushes (\d) tokens \[([\d, ]+)\]", proc.stdout))
+    assert [(r, n) for r, n, _ in lines] == [("0", "1"), ("1", "1")]
+    assert all(len(t.split(",")) >= 1 for _, _, t in lines)
