@@ -25,10 +25,10 @@ from typing import Sequence
 import pandas as pd
 
 from lopd import layout
-from lopd.config import Params
+from lopd.config import Params, ParamsError
 from lopd.io import atomic_path, read_json, write_json
 from lopd.train.loop import comparable_hash, train_method
-from lopd.train.onpolicy import check_methods, rollout_budget
+from lopd.train.onpolicy import check_methods, rollout_budget, tasks_per_step
 from lopd.train.parallel import from_env, init_data_parallel
 
 log = logging.getLogger(__name__)
@@ -166,8 +166,6 @@ def _check_inputs(p: Params, methods: Sequence[str]) -> None:
 
 def check_parallel(p: Params, methods: Sequence[str], world: int) -> None:
     """``distill.engine`` / ``zero_config`` against the launch, before any model loads."""
-    from lopd.config import ParamsError
-
     d, errors = p.distill, []
     if d.engine == "single":
         if world > 1:
@@ -180,7 +178,7 @@ def check_parallel(p: Params, methods: Sequence[str], world: int) -> None:
         if not Path(d.zero_config).is_file():
             errors.append(f"params: distill.zero_config = {d.zero_config!r} is not a file: use infra/deepspeed/zero2.json or zero3.json "
                           "(paths are relative to where lopd runs)")
-        per_step = {m: d.batch_tasks // p.grpo.group_size if m == "grpo" else d.batch_tasks for m in methods if m != "vanilla"}
+        per_step = {m: tasks_per_step(p, m) for m in methods if m != "vanilla"}
         short = {m: n for m, n in per_step.items() if n < world}
         if short:
             errors.append(f"params: {world} ranks but tasks per step {short}: every rank needs a task; raise distill.batch_tasks or lower --nproc")

@@ -26,6 +26,7 @@ from lopd.config import Params
 from lopd.policy.scoring import token_logprobs
 from lopd.train.episodes import Episode, Timer, student_batch, to_episodes
 from lopd.train.losses import grpo_advantages, grpo_policy_loss, masked_mean
+from lopd.train.onpolicy import tasks_per_step
 from lopd.train.parallel import DataParallel
 from lopd.train.updater import make_updater, save_hf
 
@@ -84,7 +85,7 @@ class GRPOTrainer:
     def __init__(self, p: Params, student, tokenizer, dp: DataParallel = DataParallel()):
         self.p, self.student, self.tokenizer, self.dp = p, student, tokenizer, dp
         self.samples_per_task = p.grpo.group_size
-        self.tasks_per_step = p.distill.batch_tasks // p.grpo.group_size
+        self.tasks_per_step = tasks_per_step(p, "grpo")
         self.opt_student = make_updater(p, student, list(student.parameters()), p.grpo.lr, dp)
         self.timer = Timer()
 

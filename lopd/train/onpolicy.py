@@ -32,6 +32,11 @@ def rollout_budget(p: Params) -> int:
     return p.distill.steps * p.distill.batch_tasks
 
 
+def tasks_per_step(p: Params, method: str) -> int:
+    """Train tasks a step of ``method`` rolls out: ``batch_tasks``, GRPO ``batch_tasks / G`` (G samples each)."""
+    return p.distill.batch_tasks // p.grpo.group_size if method == "grpo" else p.distill.batch_tasks
+
+
 def derive_seed(*parts: object) -> int:
     """A stable 31-bit seed from any parts (``hash()`` of a str is salted per process; this is not)."""
     return int(hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()[:8], 16) & 0x7FFFFFFF

@@ -86,13 +86,11 @@ def from_env() -> DataParallel:
 
 
 def init_data_parallel(engine: str) -> DataParallel:
-    """Join the process group of a multi-process launch (gloo on CPU, nccl on CUDA); one process needs none."""
+    """Join the process group of a multi-process launch (gloo on CPU, nccl on CUDA); one process needs none.
+
+    ``lopd.stages.distill.check_parallel`` has refused ``engine = 'single'`` on several processes.
+    """
     dp = from_env()
-    if dp.world > 1 and engine != "deepspeed":
-        raise RuntimeError(
-            f"distill.engine = {engine!r} runs one process, but this is rank {dp.rank} of {dp.world}: "
-            "set distill.engine=deepspeed to train data-parallel"
-        )
     if engine != "deepspeed":
         return dp
     if dp.world == 1:  # DeepSpeed needs a process group even for one rank

@@ -20,8 +20,9 @@ import mlflow
 import lopd.memory.embed
 import lopd.ops.tracking
 import lopd.policy.engine
+from lopd.config import load_params
 from lopd.stages import distill
-from tests.train.test_distill import ExpertForSolvable, FakeEmbedder, with_params
+from tests.train.test_distill import OVERRIDES, REPO, ExpertForSolvable, FakeEmbedder
 
 
 def main() -> None:
@@ -33,11 +34,7 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_intermixed_args()
 
-    class Root:  # with_params reads the project root from p.root()
-        def root(self):
-            return Path(args.root)
-
-    p = with_params(Root(), *args.overrides)
+    p = load_params(REPO / "params.yaml", "smoke", [f"paths.root={args.root}", *OVERRIDES, *args.overrides])  # as with_params
     lopd.memory.embed.make_embedder = lambda p, device=None: FakeEmbedder()
     lopd.ops.tracking.stage_run = lambda *a, **k: contextlib.nullcontext()
     for fn in ("log_metrics", "log_metric", "log_artifact", "log_text"):
