@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import torch
+
 from lopd.config import ModelParams
 from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, entity_words, make_tasks, run_episode
 from lopd.policy.chat import encode
@@ -25,9 +27,18 @@ def tiny_tokenizer():
     return tok
 
 
-def tiny_model(seed: int = 0):
+def tiny_model(seed: int = 0, init_std: float | None = None):
+    """A random tiny Qwen3. ``init_std`` re-draws every weight at that std (Qwen3's own init,
+    ``initializer_range``; default 0.02): at 0.02 the next-token distribution is almost uniform
+    and barely moves with the context, so a teacher's extra context changes it by ~1e-6 nats;
+    at 0.2 by ~1e-2 (what tests that compare KL or Δ across processes need)."""
     p = ModelParams(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64)
-    return build_tiny_qwen3(p, tiny_tokenizer(), seed=seed).eval()
+    model = build_tiny_qwen3(p, tiny_tokenizer(), seed=seed)
+    if init_std is not None:
+        model.config.initializer_range = init_std
+        torch.manual_seed(seed)
+        model.apply(model._init_weights)
+    return model.eval()
 
 
 class ReplayBackend:
