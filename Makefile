@@ -60,8 +60,7 @@ serve: install
 	PREFECT_HOME=$(CURDIR)/.prefect $(BIN)/python -m flows.serve --start-server --host 127.0.0.1 --port $(PREFECT_PORT) \
 		$(if $(filter command line,$(origin PROFILE)),--profile $(PROFILE))
 
-# The MLflow UI on 127.0.0.1:$(MLFLOW_PORT) over the project store (lopd/ops/tracking.py's default).
+# The MLflow UI on 127.0.0.1:$(MLFLOW_PORT) over the project store (lopd/ops/tracking.py's default). It prints the
+# direct links first: the `lopd` experiment's runs table, the newest pipeline run and the newest sweep.
 ui: install
-	$(BIN)/mlflow server --host 127.0.0.1 --port $(MLFLOW_PORT) --workers 1 \
-		--backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db \
-		--default-artifact-root file://$(CURDIR)/mlruns/artifacts
+	$(BIN)/lopd ui --port $(MLFLOW_PORT)

@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--name", default="sweep", help="the main sweep's name (default: sweep)")
     report.add_argument("--ablation", action="append", default=[], metavar="NAME|JSON",
                         help="an ablation sweep over the same seeds: its --name under this root, or the path to its metrics json (repeatable)")
+    ui = sub.add_parser("ui", help="print the MLflow UI's links (runs table, newest pipeline run and sweep), then serve the UI over the project store")
+    _common(ui)
+    ui.add_argument("--host", default="127.0.0.1", help="address to serve on (default: 127.0.0.1)")
+    ui.add_argument("--port", type=int, default=5000, help="port (default: 5000)")
+    ui.add_argument("--links-only", action="store_true", help="print the links and exit without serving")
     for name in STAGES:
         stage = sub.add_parser(name.replace("_", "-"), help=f"run the {name} stage")
         _common(stage)
@@ -94,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "params":
         print(json.dumps(params.model_dump(), indent=2))
         return 0
+    if args.command == "ui":
+        return _ui(args, params)
     if getattr(args, "nproc", 1) != 1:
         return _launch(args, params, argv if argv is not None else sys.argv[1:])
     if args.command == "sweep":
@@ -156,6 +163,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1 if not isinstance(e, ParamsError) else 2
     return 0
+
+
+def _ui(args, params) -> int:
+    """The links first (MLflow 3 may open the experiment on its GenAI overview), then ``mlflow server`` in this process."""
+    from lopd.ops.tracking import artifact_location, tracking_uri, ui_links
+
+    for line in ui_links(params, f"http://{args.host}:{args.port}"):
+        print(line, flush=True)
+    if args.links_only:
+        return 0
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", args.host, "--port", str(args.port), "--workers", "1",
+           "--backend-store-uri", tracking_uri(params), "--default-artifact-root", artifact_location(params)]
+    os.execv(sys.executable, cmd)  # Ctrl-C stops the server
 
 
 def _launch(args, params, argv: list[str]) -> int:

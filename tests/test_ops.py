@@ -279,13 +279,15 @@ def test_mlflow_server_answers_with_distill_beta_and_delta(served, first_run, tm
     repo = served["repo"]
     port, log = free_port(), tmp_path / "mlflow.log"
     env = {k: v for k, v in served["server"].env.items() if not k.startswith("PREFECT_")}
-    proc = start([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-                  "--backend-store-uri", f"sqlite:///{repo / 'mlruns' / 'mlflow.db'}",
-                  "--default-artifact-root", (repo / "mlruns" / "artifacts").as_uri()], log, cwd=tmp_path, env=env)
+    # what `make ui` runs: the links, then `mlflow server` over the project store (mlruns/mlflow.db of the checkout)
+    proc = start([str(BIN / "lopd"), "ui", "--profile", "smoke", "--port", str(port)], log, cwd=repo, env=env)
     api = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: urllib.request.urlopen(f"{api}/health", timeout=5).status == 200, 180, "mlflow server", proc, log)
         exp = call(f"{api}/api/2.0/mlflow/experiments/get-by-name?experiment_name=lopd")["experiment"]
+        printed = log.read_text()
+        assert f"runs table of experiment 'lopd': {api}/#/experiments/{exp['experiment_id']}/runs\n" in printed
+        assert "newest pipeline run (stages nested under it): flow-smoke-seed0-" in printed
         runs = call(f"{api}/api/2.0/mlflow/runs/search", {
             "experiment_ids": [exp["experiment_id"]], "filter": "tags.stage = 'distill' and tags.method = 'lopd'",
             "order_by": ["attributes.start_time DESC"]})["runs"]

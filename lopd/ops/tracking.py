@@ -256,3 +256,31 @@ def param_value(v: object) -> str:
     """A param as MLflow stores it (at most 500 characters)."""
     s = str(v)
     return s if len(s) <= 500 else s[:497] + "..."
+
+
+# ----------------------------------------------------------------------------- the UI
+
+
+def ui_links(params: Params, base_url: str) -> list[str]:
+    """Where to look in the MLflow UI served at ``base_url``, one line each.
+
+    The experiment's runs table (MLflow 3 may open an experiment on its GenAI overview instead), the
+    newest pipeline parent run (``lopd run`` / the flow; its stages are nested under it) and the newest
+    sweep parent (its tables and ``plots/``). Reads the store; creates nothing.
+    """
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking_uri(params)
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        return [f"no MLflow store yet at {uri.removeprefix('sqlite:///')}: run `make run` (or `lopd run`) first"]
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(params.tracking.experiment)
+    if exp is None:
+        return [f"no experiment {params.tracking.experiment!r} in {uri} yet: run `make run` (or `lopd run`) first"]
+    base = f"{base_url.rstrip('/')}/#/experiments/{exp.experiment_id}"
+    lines = [f"runs table of experiment {exp.name!r}: {base}/runs"]
+    for stage, what in (("pipeline", "newest pipeline run (stages nested under it)"), ("sweep", "newest sweep (tables, plots/)")):
+        runs = client.search_runs([exp.experiment_id], f"tags.stage = '{stage}'", order_by=["attributes.start_time DESC"], max_results=1)
+        if runs:
+            lines.append(f"{what}: {runs[0].info.run_name}: {base}/runs/{runs[0].info.run_id}")
+    return lines

@@ -37,3 +37,25 @@ def test_stages_nest_under_the_parent_which_fails_with_them(repo, tmp_path):
     with stage_run(p, "collect") as outside:  # after the pipeline: not nested any more
         pass
     assert "mlflow.parentRunId" not in client.get_run(outside.info.run_id).data.tags
+
+
+def test_ui_links_point_at_the_runs_table_and_the_newest_parent_runs(repo, tmp_path, capsys):
+    from lopd.cli import main
+    from lopd.ops.tracking import ensure_experiment, ui_links
+
+    p = _params(repo, tmp_path)
+    assert ui_links(p, "http://127.0.0.1:5000") == [f"no MLflow store yet at {tmp_path}/mlflow.db: run `make run` (or `lopd run`) first"]
+    assert not (tmp_path / "mlflow.db").exists()  # looking creates nothing
+    for _ in range(2):
+        with pipeline_run(p, "run") as parent_id:
+            with stage_run(p, "bootstrap"):
+                pass
+    exp_id = ensure_experiment(p)
+    base = f"http://127.0.0.1:5000/#/experiments/{exp_id}"
+    lines = ui_links(p, "http://127.0.0.1:5000/")
+    assert lines[0] == f"runs table of experiment 'lopd': {base}/runs"
+    assert len(lines) == 2 and lines[1].startswith("newest pipeline run") and lines[1].endswith(f"{base}/runs/{parent_id}")  # no sweep yet
+    args = ["ui", "--profile", "smoke", "--set", f"paths.root={tmp_path}", "--set", f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
+            "--port", "5123", "--links-only"]
+    assert main(args) == 0
+    assert f"http://127.0.0.1:5123/#/experiments/{exp_id}/runs\n" in capsys.readouterr().out
