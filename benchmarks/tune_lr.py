@@ -8,7 +8,7 @@ under ``runs/tune/`` that links the shared base, bank, index and composer (as ``
 does), so nothing of the project's own outputs is overwritten. GRPO's group size G and updates
 per batch μ are tuned too: ``--grpo-shapes 4x1,8x2`` trains each extra ``Gxμ`` shape at GRPO's
 best rate. Writes ``metrics/lr_grid.json`` (``--merge`` keeps its earlier rows and replaces
-the ones re-run) and prints a markdown table (the README's).
+the ones re-run) and prints a markdown table (docs/results.md's).
 
     .venv/bin/python benchmarks/tune_lr.py [--profile demo] [--methods lopd,grpo,sft] [--grid 1e-4,3e-4,1e-3]
         [--grpo-shapes 4x1,8x2] [--merge] [--set k=v ...]

@@ -15,7 +15,7 @@ check runs the GPU work of the pipeline through the same library code instead:
 
     python infra/gpu/check.py [--device cuda|cpu] [--tasks 32] [--out DIR]
 
-``--device cpu`` gives the reference on the development machine (README: Scale). Writes
+``--device cpu`` gives the reference on the development machine (docs/scale.md). Writes
 ``gpu_check.json`` to ``--out`` (default ``$OUT`` or ``.``).
 """
 

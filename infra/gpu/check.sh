@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared device check (README: Scale), for a session that is lent a GPU. It runs within the
+# The prepared device check (docs/scale.md), for a session that is lent a GPU. It runs within the
 # device's image (torch, transformers, peft, accelerate) plus wheels that travel with the tree:
 #
 #   bash infra/gpu/wheels.sh            # here, once: pydantic (+ deepspeed and its small deps) into infra/gpu/wheels/

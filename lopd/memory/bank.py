@@ -174,7 +174,7 @@ def append_round(
 def expert_top_up(p, bank: pd.DataFrame, round_: int = 0) -> pd.DataFrame:
     """``bank`` plus scripted-expert successes on train tasks up to ``bank.expert_top_up`` entries.
 
-    A stand-in while the base policy solves nothing (see the README's known gaps): the smoke
+    A stand-in while the base policy solves nothing (see docs/results.md, Known gaps): the smoke
     and demo profiles need a non-empty bank for the stages after collect. Off (0) by default,
     as in the paper; the entries carry ``model = "scripted-expert"``. Tasks already in the bank
     are skipped; train tasks only, in their deterministic order, so the result is reproducible.

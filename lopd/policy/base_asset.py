@@ -1,7 +1,7 @@
 """The committed embedded base: ``lopd/assets/base`` (float16 safetensors, tokenizer, model card).
 
 Pre-training the embedded base to a useful level takes about 25 minutes on 2 CPU cores, beyond
-the demo's budget (the README's ToolWorld section gives the measurements), so the demo uses a
+the demo's budget (docs/environments.md, The embedded base, gives the measurements), so the demo uses a
 base pre-trained once with the same code and committed here. ``bootstrap.source: committed``
 copies it to ``models/base``; ``bootstrap.source: train`` rebuilds it from scratch, and
 ``lopd export-base`` writes a rebuilt one here (with its model card and record).

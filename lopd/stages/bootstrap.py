@@ -156,7 +156,9 @@ def pretrain_base(p: Params, demos: list[Demo], plain: list[Demo], on_step=None)
 
     Two phases (why): a small model learns to copy a name or an id out of its context in a
     sudden transition, which comes hundreds of steps sooner on short contexts with one
-    candidate per entity (``../shared/probes``). So ``bootstrap.plain_epochs`` over the plain
+    candidate per entity (a copy-mechanism probe measured when the base was designed: behind 120
+    fixed prompt tokens the copy came about three times later, and a schedule that had decayed
+    before the transition left it unformed). So ``bootstrap.plain_epochs`` over the plain
     demos come first, at a constant learning rate (a decayed one can stop the transition);
     then ``bootstrap.epochs`` over all demos, experiences included, decaying over the last
     ``bootstrap.decay_frac`` of that phase. Measured on plain demos alone (demo data, batch 32,

@@ -1,4 +1,4 @@
-"""LOPD and GRPO losses as pure functions on tensors (spec: "Losses" in LOPD_SPEC.md).
+"""LOPD and GRPO losses as pure functions on tensors (docs/method.md, "Losses": Eq. 1–5).
 
 Shapes are suffixes: B = trajectories, T = token positions, V = vocabulary, M = top-M support,
 G = rollouts per GRPO group, K/D = latents and their width. Every per-token tensor is indexed
