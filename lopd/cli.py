@@ -162,6 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ParamsError, DataValidationError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1 if not isinstance(e, ParamsError) else 2
+    if "evaluate" in stages and os.environ.get("RANK", "0") == "0":  # what a run ends with: the test table
+        from lopd import layout
+
+        table = layout.metrics_path(params, "evaluate").with_suffix(".md")
+        print(f"\n{table.read_text()}\n(test split; {table}; browse every run with `make ui`)")
     return 0
 
 

@@ -167,3 +167,11 @@ def test_distill_and_evaluate_write_their_comparisons(smoke):
     base = AutoModelForCausalLM.from_pretrained(layout.base_model_dir(smoke))
     assert student.config.to_dict() | {"_name_or_path": ""} == base.config.to_dict() | {"_name_or_path": ""}
     assert sum(p.numel() for p in student.parameters()) == sum(p.numel() for p in base.parameters())
+
+
+def test_evaluate_ends_by_printing_the_test_table(smoke, capsys, request):
+    args = ["--params", str(request.config.rootpath / "params.yaml"), "--profile", "smoke", "--set", f"paths.root={smoke.root()}"]
+    assert main(["-q", "evaluate", *args]) == 0  # `lopd run` ends the same way, with its evaluate stage
+    out = capsys.readouterr().out
+    table = layout.metrics_path(smoke, "evaluate").with_suffix(".md").read_text()
+    assert table.startswith("| method |") and table in out and out.rstrip().endswith("browse every run with `make ui`)")
