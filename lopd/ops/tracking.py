@@ -62,13 +62,18 @@ def artifact_location(params: Params) -> str:
     return (store_root(params) / "mlruns" / "artifacts").as_uri()
 
 
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` tracking URI; None for any other store."""
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
 def ensure_experiment(params: Params) -> str:
     """Point MLflow at the store and return ``tracking.experiment``'s id (created on first use)."""
     import mlflow
 
     uri = tracking_uri(params)
-    if uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    if (db := sqlite_file(uri)) is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
     exp = mlflow.get_experiment_by_name(params.tracking.experiment)
     if exp is None:
@@ -271,8 +276,8 @@ def ui_links(params: Params, base_url: str) -> list[str]:
     from mlflow.tracking import MlflowClient
 
     uri = tracking_uri(params)
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
-        return [f"no MLflow store yet at {uri.removeprefix('sqlite:///')}: run `make run` (or `lopd run`) first"]
+    if (db := sqlite_file(uri)) is not None and not db.exists():
+        return [f"no MLflow store yet at {db}: run `make run` (or `lopd run`) first"]
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(params.tracking.experiment)
     if exp is None:
