@@ -28,7 +28,8 @@ def make_engine(p: Params, model, tokenizer, make_env: Callable[[object], object
 def split_tasks(p: Params, split: str, n: int | None = None) -> Sequence:
     """The first ``n`` tasks of a split (default: the split's configured size)."""
     size = {"train": p.env.n_train, "dev": p.env.n_dev, "test": p.env.n_test}[split]
-    return make_tasks(split, min(n or size, size), seed=p.env.task_seed, families=p.env.families, world_seed=p.env.world_seed)
+    return make_tasks(split, min(n or size, size), seed=p.env.task_seed, families=p.env.families,
+                      world_seed=p.env.world_seed, pretrain_apps=p.env.pretrain_apps)
 
 
 def app_group(p: Params, task) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -25,8 +26,10 @@ def success_rate(tasks, agent) -> float:
 
 
 def task_with(family: str, **want) -> Task:
-    """The first dev task of ``family`` whose app has the conventions in ``want``."""
-    return next(t for t in make_tasks("dev", 200, families=[family]) if all(t.conventions[k] == v for k, v in want.items()))
+    """The first dev task of ``family``, its app's conventions set as in ``want`` (a world need not
+    hold every combination)."""
+    task = make_tasks("dev", 1, families=[family])[0]
+    return dataclasses.replace(task, conventions={**task.conventions, **want})
 
 
 def play(task: Task, believed: dict) -> tuple[dict, list]:
@@ -73,13 +76,67 @@ def test_make_tasks_is_deterministic_prefix_stable_round_robin_and_filters_apps(
         make_tasks("valid", 3)
 
 
-def test_conventions_are_a_function_of_family_app_and_world_seed_and_no_two_apps_share_them():
+def test_every_split_at_its_default_size_holds_unique_tasks():
+    sizes = {"train": 4000, "dev": 300, "test": 300}
+    for split, n in sizes.items():
+        tasks = make_tasks(split, n)
+        assert len({content_signature(t.family, t.goal) for t in tasks}) == n
+        assert len({t.text for t in tasks}) == n
+    demos = make_tasks("train", 3000, apps={f: pretrain_apps(f, 4) for f in FAMILIES}, tag="demo")
+    assert len({content_signature(t.family, t.goal) for t in demos}) == 3000
+
+
+def test_asking_for_more_tasks_than_the_content_space_holds_names_the_fix():
+    with pytest.raises(ValueError, match=r"content is nearly exhausted.*env\.n_test"):
+        make_tasks("test", 200, families=["shop"], apps={"shop": ("Cornershop",)})
+
+
+def _options(family: str, apps, world_seed: int, n_pretrain: int = 4) -> list[tuple[int, ...]]:
+    """Each app's conventions as option indices, e.g. ``(0, 1, 1)``."""
+    opts = REGISTRY[family].options
+    return [tuple(opts[k].index(v) for k, v in conventions(family, a, world_seed, n_pretrain).items()) for a in apps]
+
+
+PAIRS = [(0, 1), (0, 2), (1, 2)]
+
+
+@pytest.mark.parametrize("world_seed", range(5))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_conventions_are_balanced_within_each_group_and_no_pattern_carries_over(family, world_seed):
+    """The balance rule (apps.py): within the pre-training apps and within the new apps, every
+    option of every convention is held by exactly half of the apps; and any relation between two
+    conventions (or all three) that holds at every pre-training app holds at exactly half of the
+    new apps, so no family-wide habit of the pre-training apps is right or wrong at new apps."""
+    apps = REGISTRY[family].apps
+    assert len(apps) == 8
+    pre, new = _options(family, apps[:4], world_seed), _options(family, apps[4:], world_seed)
+    for group in (pre, new):
+        assert all(sum(x[c] for x in group) == 2 for c in range(3))
+        assert len(set(group)) == 4  # four different apps, not two copies
+    relations = [lambda x, i=i, j=j: x[i] ^ x[j] for i, j in PAIRS] + [lambda x: x[0] ^ x[1] ^ x[2]]
+    for rel in relations:
+        if len({rel(x) for x in pre}) == 1:
+            assert sum(rel(x) == rel(pre[0]) for x in new) == 2
+    assert sum(len({rel(x) for x in pre}) == 1 for rel in relations) == 1  # one relation per group
+    for group in (pre, new):  # no fixed guess of the silent pair (format, commit) fits two apps
+        assert sorted((x[0], x[2]) for x in group) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert _options(family, apps, world_seed) == _options(family, apps, world_seed)  # deterministic
+
+
+@pytest.mark.parametrize("n_pretrain", [2, 3, 5, 6])
+def test_other_group_sizes_are_as_balanced_as_their_counts_allow(n_pretrain):
+    for family in FAMILIES:
+        apps = REGISTRY[family].apps
+        for group in (apps[:n_pretrain], apps[n_pretrain:]):
+            counts = [sum(x[c] for x in _options(family, group, 0, n_pretrain)) for c in range(3)]
+            assert all(abs(2 * k - len(group)) <= 1 for k in counts), (family, group, counts)
+
+
+def test_conventions_are_a_function_of_family_app_and_world_seed():
     for family, fam in REGISTRY.items():
-        combos = [tuple(conventions(family, app).values()) for app in fam.apps]
-        assert len(fam.apps) == 8 and len(set(combos)) == 8  # every combination of three binary conventions once
-        assert combos == [tuple(conventions(family, app, 0).values()) for app in fam.apps]
         for app in fam.apps:
             assert all(v in fam.options[k] for k, v in conventions(family, app).items())
+        assert [conventions(family, a) for a in fam.apps] == [conventions(family, a, 0, 4) for a in fam.apps]
     assert any(conventions(f, REGISTRY[f].apps[0], 0) != conventions(f, REGISTRY[f].apps[0], 1) for f in FAMILIES)
     assert {t.conventions == conventions(t.family, t.app) for t in make_tasks("dev", 40)} == {True}
     with pytest.raises(ValueError, match="unknown banking app"):
@@ -188,6 +245,21 @@ def test_turn_limit_ends_the_episode():
     assert results[-1].info["success"] is False and "checks" in results[-1].info
     with pytest.raises(RuntimeError):
         env.step("Done.")
+
+
+def test_an_episode_cut_at_the_turn_limit_is_not_a_success_even_with_every_check_met():
+    task = task_with("banking", format="dollars", prereq="none", commit="auto")
+    plan = [ScriptedExpert().act(task, [])]
+    env = ToolWorldEnv(task, max_turns=2)
+    first = env.step(plan[0])
+    payee = json.loads(first.observation)["id"]
+    cut = env.step(format_tool_call("pay", {"payee_id": payee, "amount": task.goal["dollars"]}))
+    assert cut.done and cut.reward == 1.0 and cut.info["truncated"] and cut.info["success"] is False
+    finished = ToolWorldEnv(task, max_turns=3)
+    finished.step(plan[0])
+    finished.step(format_tool_call("pay", {"payee_id": payee, "amount": task.goal["dollars"]}))
+    done = finished.step("Done.")
+    assert done.reward == 1.0 and not done.info["truncated"] and done.info["success"] is True
 
 
 def test_reward_is_the_checklist_fraction_and_success_needs_all_four_items():

@@ -76,7 +76,12 @@ class ToolWorldEnv:
         return error_observation(error), error, _clip(f"error: {error}")
 
     def step(self, action: str) -> StepResult:
-        """Play one assistant action; the episode ends on a final answer or at ``max_turns``."""
+        """Play one assistant action; the episode ends on a final answer or at ``max_turns``.
+
+        The reward is the checklist fraction either way, but an episode cut at ``max_turns``
+        before the agent gave its final answer is never a success: an agent that has not said it
+        is done has not finished the task, whatever state the app happens to be in.
+        """
         if self.done:
             raise RuntimeError("episode is over")
         self.turns += 1
@@ -95,5 +100,7 @@ class ToolWorldEnv:
         if self.done:
             checks = self.family.checks(self.backend, self.task.goal)
             reward = sum(checks.values()) / len(checks)
-            info.update(checks=checks, success=reward >= self.success_threshold)
+            finished = self.backend.final_answer is not None
+            info.update(checks=checks, truncated=not finished,
+                        success=finished and reward >= self.success_threshold)
         return StepResult(observation, reward, self.done, info)

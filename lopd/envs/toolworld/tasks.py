@@ -2,9 +2,11 @@
 
 Every task's content (family + goal, the app included) is hashed into one of ten buckets: 0-7
 train, 8 dev, 9 test. A split only keeps goals from its own buckets, so no content is shared
-between splits whatever the sizes or seeds. Task ``i`` depends only on ``(split, seed, i)``
-(and the app filter), so a larger ``n`` extends a smaller list as a prefix. Apps are drawn
-uniformly within the family; every split covers every app.
+between splits whatever the sizes or seeds. Within a split every task is unique: a content
+already drawn is drawn again. Task ``i`` depends only on ``(split, seed)``, the app filter and
+the tasks before it, so a larger ``n`` extends a smaller list as a prefix. Within a family the
+apps take turns, so every prefix gives each app the same number of tasks, give or take one:
+a figure per app group then weighs every app alike.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from .families import REGISTRY
 
 FAMILIES: list[str] = list(REGISTRY)
 SPLIT_BUCKETS: dict[str, range] = {"train": range(0, 8), "dev": range(8, 9), "test": range(9, 10)}
+MAX_DRAWS = 2000  # draws for one task before its family's content space counts as exhausted
 
 
 @dataclass(frozen=True)
@@ -52,11 +55,13 @@ def split_of(family: str, goal: dict) -> str:
 
 
 def make_tasks(split: str, n: int, seed: int = 0, families: list[str] | None = None,
-               apps: dict[str, tuple[str, ...]] | None = None, world_seed: int = 0, tag: str = "") -> list[Task]:
-    """``n`` tasks of ``split``, families round-robin, deterministic in ``(split, n, seed)``.
+               apps: dict[str, tuple[str, ...]] | None = None, world_seed: int = 0, tag: str = "",
+               pretrain_apps: int = 4) -> list[Task]:
+    """``n`` unique tasks of ``split``, families round-robin, deterministic in ``(split, n, seed)``.
 
     ``apps``: the apps each family may draw from (default all); ``tag`` marks the task ids of
-    such a filtered set so they never collide with the unfiltered set's.
+    such a filtered set so they never collide with the unfiltered set's. ``world_seed`` and
+    ``pretrain_apps`` fix the apps' hidden conventions (``apps.conventions``).
     """
     if split not in SPLIT_BUCKETS:
         raise ValueError(f"unknown split {split!r}; expected one of {list(SPLIT_BUCKETS)}")
@@ -64,16 +69,24 @@ def make_tasks(split: str, n: int, seed: int = 0, families: list[str] | None = N
     unknown = [f for f in names if f not in REGISTRY]
     if unknown:
         raise ValueError(f"unknown families {unknown}; expected some of {FAMILIES}")
-    tasks = []
+    tasks, seen = [], set()
     for i in range(n):
         family = REGISTRY[names[i % len(names)]]
         allowed = (apps or {}).get(family.name) or family.apps
+        app = allowed[(i // len(names)) % len(allowed)]
         for attempt in count():
+            if attempt == MAX_DRAWS:
+                raise ValueError(
+                    f"{split}: no new {family.name} task after {MAX_DRAWS} draws at task {i} of {n}; "
+                    f"the family's {split} content is nearly exhausted: ask for fewer tasks "
+                    f"(env.n_{split}, or the stage's n_tasks)")
             rng = random.Random(f"{split}/{seed}/{i}/{attempt}")
-            text, goal = family.sample_goal(rng, rng.choice(allowed))
-            if split_of(family.name, goal) == split:
+            text, goal = family.sample_goal(rng, app)
+            signature = content_signature(family.name, goal)
+            if signature not in seen and split_of(family.name, goal) == split:
                 break
+        seen.add(signature)
         task_id = f"{family.prefix}-{split}{'-' + tag if tag else ''}-{i:05d}"
         tasks.append(Task(task_id, family.name, split, text, rng.getrandbits(32), goal,
-                          app_conventions(family.name, goal["app"], world_seed)))
+                          app_conventions(family.name, goal["app"], world_seed, pretrain_apps)))
     return tasks

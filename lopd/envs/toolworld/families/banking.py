@@ -13,6 +13,7 @@ class Banking(Family):
     prefix = "bank"
     apps = ("Northwind", "Bluefin", "Oakridge", "Summit", "Harbor", "Crescent", "Ironbark", "Meridian")
     formats = ("cents", "dollars")
+    literal_format = "dollars"
     tools = (
         Tool("find_payee", {"name": "str"}, "lookup"),
         Tool("verify_payee", {"payee_id": "str"}, "prereq"),

@@ -170,6 +170,7 @@ class Family(ABC):
     prefix: str  # task-id prefix
     apps: tuple[str, ...]  # app names, one word each
     formats: tuple[str, str]  # the two options of the ``format`` convention
+    literal_format: str  # the option the task text (or the lookup) already states the value in
     tools: tuple[Tool, ...]  # lookup, prereq, main, commit (in that order)
     entity_noun: str  # "payee"
     entity_prefix: str  # id prefix of looked-up entities

@@ -23,6 +23,7 @@ class Calendar(Family):
     prefix = "cal"
     apps = ("Plannr", "Tempo", "Agenda", "Chrono", "Slate", "Orbit", "Quill", "Dayton")
     formats = ("12h", "24h")
+    literal_format = "12h"
     tools = (
         Tool("find_contact", {"name": "str"}, "lookup"),
         Tool("check_availability", {"contact_id": "str"}, "prereq"),

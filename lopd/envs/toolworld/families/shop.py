@@ -16,6 +16,7 @@ class Shop(Family):
     prefix = "shop"
     apps = ("Cornershop", "Bazaar", "Emporium", "Mercato", "Depot", "Outlet", "Kiosk", "Arcade")
     formats = ("cents", "dollars")
+    literal_format = "dollars"
     tools = (
         Tool("find_product", {"name": "str"}, "lookup"),
         Tool("check_stock", {"product_id": "str"}, "prereq"),
@@ -27,7 +28,7 @@ class Shop(Family):
     words = PRODUCTS
 
     def sample_goal(self, rng: random.Random, app: str) -> tuple[str, dict]:
-        product, quantity = rng.choice(PRODUCTS), rng.randint(1, 9)
+        product, quantity = rng.choice(PRODUCTS), rng.randint(1, 30)
         return (f"At {app}, order {quantity} of the {product}.",
                 {"app": app, "product": product, "quantity": quantity})
 

@@ -17,6 +17,7 @@ class SmartHome(Family):
     prefix = "home"
     apps = ("Homely", "Nestor", "Lumen", "Hearth", "Cozy", "Breeze", "Atrium", "Ember")
     formats = ("C", "F")
+    literal_format = "C"
     tools = (
         Tool("find_thermostat", {"room": "str"}, "lookup"),
         Tool("unlock", {"device_id": "str"}, "prereq"),
