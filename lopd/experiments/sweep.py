@@ -37,7 +37,7 @@ from typing import Mapping, Sequence
 
 from lopd import layout
 from lopd.config import Params, ParamsError, validate_params
-from lopd.experiments.tables import aggregate_table, child_metrics, csv_table, markdown_table
+from lopd.experiments.tables import aggregate_table, csv_table, markdown_table, seed_rows
 from lopd.io import atomic_path, read_json, write_json
 from lopd.stages import STAGES
 from lopd.train.onpolicy import METHODS, check_methods
@@ -246,7 +246,7 @@ def run(p: Params, seeds: Sequence[int] | str = DEFAULT_SEEDS, methods: Sequence
         # the bank the seeds read (the parent was tagged before a shared collect wrote it)
         tags = {**bank_tags(p), "shared_stages_run": ",".join(shared) or "none"}
         client.log_batch(parent_id, tags=[RunTag(k, v) for k, v in tags.items()])
-        per_seed: dict[str, dict[int, dict[str, float]]] = {m: {} for m in methods}
+        per_seed: dict[str, dict[int, dict[str, float]]] = {}
         children: dict[str, dict[int, str]] = {m: {} for m in methods}
         for k in seeds:
             ps = seed_params(p, k, methods, uri, name)
@@ -263,8 +263,11 @@ def run(p: Params, seeds: Sequence[int] | str = DEFAULT_SEEDS, methods: Sequence
             with run_context(tags={"sweep_run_id": parent_id}, parents=kids):
                 distilled = STAGES["distill"](ps)
                 evaluated = STAGES["evaluate"](ps)
+            rows = seed_rows(methods, distilled, evaluated)  # the chance row first, then the methods
+            for m, metrics in rows.items():
+                per_seed.setdefault(m, {})[k] = metrics
             for m in methods:
-                per_seed[m][k] = metrics = child_metrics(m, distilled, evaluated)
+                metrics = rows[m]
                 children[m][k] = kids[m]
                 client.log_batch(kids[m], metrics=[Metric(n, v, now_ms(), 0) for n, v in metrics.items()],
                                  params=[Param("method", m), Param("seed", str(k))])

@@ -26,7 +26,7 @@ import numpy as np
 
 from lopd.config import Params
 from lopd.experiments.sweep import now_ms
-from lopd.experiments.tables import aggregate, aggregate_table, child_metrics, csv_table, markdown_table
+from lopd.experiments.tables import aggregate, aggregate_table, csv_table, markdown_table, seed_rows
 from lopd.io import atomic_path, read_json, write_json
 from lopd.stages.distill import efficiency
 
@@ -56,7 +56,7 @@ def seed_details(sweep_json: Path) -> tuple[dict, dict[int, dict]]:
     sweeps that ran before it.
     """
     sweep = read_json(sweep_json)
-    out, per_seed = {}, {m: {} for m in sweep["methods"]}
+    out, per_seed = {}, {}
     for k in sweep["seeds"]:
         metrics = sweep_dir(sweep_json, sweep) / f"seed{k}" / "metrics"
         for name in ("distill.json", "evaluate.json"):
@@ -64,8 +64,8 @@ def seed_details(sweep_json: Path) -> tuple[dict, dict[int, dict]]:
                 raise FileNotFoundError(f"sweep report: {metrics / name} is missing; the sweep {sweep_json} did not finish seed {k}")
         distilled, evaluated = read_json(metrics / "distill.json"), read_json(metrics / "evaluate.json")
         out[int(k)] = distilled["details"]
-        for m in sweep["methods"]:
-            per_seed[m][int(k)] = child_metrics(m, distilled, evaluated)
+        for m, metrics in seed_rows(sweep["methods"], distilled, evaluated).items():
+            per_seed.setdefault(m, {})[int(k)] = metrics
     sweep["per_seed"] = {m: {str(k): v for k, v in by.items()} for m, by in per_seed.items()}
     sweep["aggregate"] = aggregate_table(per_seed, sweep["ci"])
     return sweep, out

@@ -28,6 +28,15 @@ METRICS: dict[str, tuple[str, str]] = {
 }
 
 
+CHANCE = "chance"  # the row of the best policy that learns nothing (lopd.stages.evaluate.chance_row)
+
+
+def seed_rows(methods: Sequence[str], distill: Mapping, evaluate: Mapping) -> dict[str, dict[str, float]]:
+    """One seed's rows: the chance row (when ``evaluate`` has one), then each method's :func:`child_metrics`."""
+    rows = [CHANCE] if CHANCE in evaluate else []
+    return {m: child_metrics(m, distill, evaluate) for m in [*rows, *methods]}
+
+
 def child_metrics(method: str, distill: Mapping, evaluate: Mapping) -> dict[str, float]:
     """A method's :data:`METRICS` from one seed's ``distill`` and ``evaluate`` results."""
     source = {"distill": distill.get(method, {}), "evaluate": evaluate.get(method, {})}

@@ -20,6 +20,10 @@ student there too (``lopd.envs.bfcl``, one sample per entry): success (every tur
 accuracy) and reward (turns passed), under ``benchmarks.<name>.<method>`` in ``evaluate.json``. A model
 whose context cannot hold the category's prompts gets one line saying so instead of a score.
 
+Beside them, under ``chance``: the policies that learn nothing (``lopd.envs.toolworld.chance``) on
+the same test tasks, and for each figure (success overall and per app group, mean reward) the
+best of them. A method's figure means something only above that row.
+
 Writes ``metrics/evaluate.json`` and the table ``metrics/evaluate.md``; logs both to MLflow.
 """
 
@@ -183,8 +187,9 @@ def paired_diff(trajs: Sequence, reference: Sequence, ci: float) -> dict:
     return {"mean": mean, "ci": [lo, hi]}
 
 
-def markdown_table(results: dict) -> str:
-    """One row per method: success and reward with their intervals, then behaviour."""
+def markdown_table(results: dict, chance: dict | None = None) -> str:
+    """One row per method: success and reward with their intervals, then behaviour; the chance
+    row (best policy that learns nothing, figure by figure) first."""
     def iv(lo, hi) -> str:
         return "n/a" if lo is None or hi is None else f"[{lo:.3f}, {hi:.3f}]"
 
@@ -197,6 +202,10 @@ def markdown_table(results: dict) -> str:
     def rate(v) -> str:
         return "—" if v is None else f"{v:.3f}"
 
+    if chance is not None:
+        groups = chance["success_by_group"]
+        lines.append(f"| chance | {chance['success_rate']:.3f} | — | {rate(groups['pretrain'])} | {rate(groups['new'])} "
+                     f"| {chance['mean_reward']:.3f} | — | — | — | — | — | — |")
     for m, r in results.items():
         diff = r.get("reward_diff_vs_vanilla")
         d = "—" if diff is None else f"{diff['mean']:+.3f} {iv(*diff['ci'])}"
@@ -212,6 +221,10 @@ def markdown_table(results: dict) -> str:
                   "| method | apps | failed episodes | " + " | ".join(items) + " |", "|---|---|---|" + "---|" * len(items)]
         for m, g, c in checks:
             lines.append(f"| {m} | {g} | {int(c['n_failed'])} | " + " | ".join(rate(c.get(k)) for k in items) + " |")
+    if chance is not None:
+        lines += ["", "chance: for each figure, the best of the policies that learn nothing (`lopd.envs.toolworld.chance`: "
+                  "fixed guesses of the app's conventions), on the same test tasks: "
+                  + ", ".join(f"{f} {n}" for f, n in chance["best"].items()) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -284,6 +297,7 @@ def run(p: Params) -> dict:
     """Roll out every method's student on the test split; write ``metrics/evaluate.json`` and ``.md``."""
     import mlflow
 
+    from lopd.envs.toolworld.chance import chance_row
     from lopd.ops.tracking import stage_run
     from lopd.policy.engine import app_group, make_engine, split_tasks
     from lopd.policy.modeling import load_policy
@@ -296,6 +310,7 @@ def run(p: Params) -> dict:
         raise FileNotFoundError(f"evaluate: no student for {', '.join(missing)}: run `lopd distill` for those methods "
                                 "or drop them from distill.methods")
     tasks = split_tasks(p, "test", p.evaluate.n_tasks)
+    groups = {t.task_id: app_group(p, t) for t in tasks}
     k, ci = p.evaluate.samples_per_task, p.evaluate.ci
     results, trajs_by_method = {}, {}
     extra = [b for b in p.evaluate.benchmarks if b != "toolworld"]
@@ -305,14 +320,18 @@ def run(p: Params) -> dict:
         for m in methods:
             model, tok = load_policy(paths[m], p.model.dtype)
             trajs = make_engine(p, model, tok).run(tasks, k, seed=derive_seed(p.seed, "test"), id_prefix=f"test-{m}")
-            trajs_by_method[m], results[m] = trajs, summarize(trajs, ci, {t.task_id: app_group(p, t) for t in tasks})
+            trajs_by_method[m], results[m] = trajs, summarize(trajs, ci, groups)
             if m != "vanilla":
                 results[m]["reward_diff_vs_vanilla"] = paired_diff(trajs, trajs_by_method["vanilla"], ci)
             log.info("evaluate %s: success %.3f, reward %.3f", m, results[m]["success_rate"], results[m]["mean_reward"])
             for b in extra:  # the same student on each requested BFCL category
                 benchmarks[b][m] = evaluate_bfcl(p, b, model, tok, seed=derive_seed(p.seed, b), warned=warned)
             del model
-        table = markdown_table(results) + (bfcl_table(benchmarks) if extra else "")
+        chance = chance_row(tasks, groups, p.env.max_turns, p.env.success_threshold)  # the same tasks, no learning
+        log.info("evaluate chance: success %.3f (pre-training apps %.3f, new apps %.3f)", chance["success_rate"],
+                 chance["success_by_group"]["pretrain"], chance["success_by_group"]["new"])
+        table = markdown_table(results, chance) + (bfcl_table(benchmarks) if extra else "")
+        results["chance"] = chance
         if extra:  # under each benchmark's name; the top-level keys stay the methods' ToolWorld results
             results["benchmarks"] = benchmarks
             mlflow.log_metrics({f"{b}_{m}_{key}": float(r[key]) for b, by in benchmarks.items() for m, r in by.items()
@@ -324,5 +343,6 @@ def run(p: Params) -> dict:
             if m == "benchmarks":
                 continue
             mlflow.log_metrics({f"{m}_{key}": float(v) for key, v in r.items() if isinstance(v, (int, float)) and v == v})
+            mlflow.log_metrics({f"{m}_success_{g}": float(v) for g, v in r.get("success_by_group", {}).items() if v is not None})
         mlflow.log_text(table, "evaluate.md")
     return results

@@ -171,10 +171,20 @@ def test_aggregate_artifact_equals_mean_and_std_of_the_children(swept, tmp_path)
     kids = _children(p, result["parent_run_id"])
     path = mlflow.artifacts.download_artifacts(run_id=result["parent_run_id"], artifact_path="sweep.csv", dst_path=str(tmp_path))
     rows = list(csv.DictReader(open(path)))
-    assert {(r["method"], r["metric"]) for r in rows} == {(m, k) for m in METHODS for k in tables.METRICS}
+    chance = [r for r in rows if r["method"] == "chance"]  # no child run: the policies that learn nothing
+    assert {r["metric"] for r in chance} == {"test_success_rate", "test_mean_reward", "test_success_pretrain", "test_success_new"}
+    assert {(r["method"], r["metric"]) for r in rows if r not in chance} == {(m, k) for m in METHODS for k in tables.METRICS}
     parent = _client(p).get_run(result["parent_run_id"])
+    for row in chance:
+        evaluated = [json.loads((sweep.seed_root(p, k) / "metrics" / "evaluate.json").read_text())["chance"] for k in SEEDS]
+        key = {"test_success_rate": "success_rate", "test_mean_reward": "mean_reward"}.get(row["metric"])
+        vals = [e[key] if key else e["success_by_group"][row["metric"].removeprefix("test_success_")] for e in evaluated]
+        assert [float(row[f"seed{k}"]) for k in SEEDS] == vals
+        assert parent.data.metrics[f"chance/{row['metric']}/mean"] == pytest.approx(sum(vals) / len(vals), abs=1e-12)
     nonzero_std = 0
     for row in rows:
+        if row in chance:
+            continue
         vals = np.array([r.data.metrics[row["metric"]] for r in kids if r.data.tags["method"] == row["method"]])
         assert len(vals) == 2
         mean, std = vals.mean(), vals.std(ddof=1)
@@ -205,8 +215,9 @@ def test_each_seed_has_its_own_root_over_the_shared_inputs(swept):
         assert (r / "data" / "bank").resolve() == layout.bank_dir(p)
         assert (r / "data" / "distill" / "bank").is_dir() and not (r / "data" / "distill" / "bank").is_symlink()
         ev = json.loads((r / "metrics" / "evaluate.json").read_text())
-        assert set(ev) == set(METHODS)
+        assert set(ev) == {*METHODS, "chance"}
         assert ev["lopd"]["success_rate"] == result["per_seed"]["lopd"][str(k)]["test_success_rate"]
+        assert ev["chance"]["success_rate"] == result["per_seed"]["chance"][str(k)]["test_success_rate"]
     assert roots[0] != roots[1]
     _client(p)
     runs = mlflow.search_runs(experiment_names=[p.tracking.experiment], output_format="list")

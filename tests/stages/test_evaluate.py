@@ -130,16 +130,21 @@ def test_distill_then_evaluate_with_mlflow(tmp_path, monkeypatch):
     monkeypatch.setattr(lopd.policy.engine, "split_tasks", lambda p, split, n=None: splits.append(split) or real_split(p, split, n))
     res = evaluate.run(p)
     assert splits == ["test"]  # the test split, and only it
-    assert list(res) == ["vanilla", "lopd", "grpo", "sft"]
+    assert list(res) == ["vanilla", "lopd", "grpo", "sft", "chance"]
+    chance = res.pop("chance")  # the policies that learn nothing, on the same test tasks
+    assert chance["n_tasks"] == p.evaluate.n_tasks and set(chance["policies"]) >= {"every_tool_once", "errors_literal_nocommit"}
+    assert chance["success_rate"] == max(r["success_rate"] for r in chance["policies"].values())
     n = p.evaluate.n_tasks * p.evaluate.samples_per_task
     for m, r in res.items():
         assert r["n_episodes"] == n and 0 <= r["success_ci"][0] <= r["success_rate"] <= r["success_ci"][1] <= 1
         assert {"mean_reward", "reward_ci", "tool_calls_per_turn", "turns", "first_response_tokens", "repeated_calls"} <= set(r)
         assert ("reward_diff_vs_vanilla" in r) == (m != "vanilla")
-    assert json.loads(layout.metrics_path(p, "evaluate").read_text()) == json.loads(json.dumps(res))
+    assert json.loads(layout.metrics_path(p, "evaluate").read_text()) == json.loads(json.dumps({**res, "chance": chance}))
     md = layout.metrics_path(p, "evaluate").with_suffix(".md").read_text()
     results_table, errors = md.split("\n\n", 1)
-    assert results_table.count("\n") == 2 + 4 - 1  # header, rule, one row per method
+    assert results_table.count("\n") == 2 + 1 + 4 - 1  # header, rule, the chance row, one row per method
+    assert results_table.splitlines()[2].startswith(f"| chance | {chance['success_rate']:.3f} | — |")
+    assert "chance: for each figure, the best of the policies that learn nothing" in errors
     rows = [line for line in errors.splitlines() if line.startswith("| ") and not line.startswith("| method")]
     assert len(rows) == 4 * 2  # where the errors are: each method × {pre-training, new} apps
     for m, r in res.items():
