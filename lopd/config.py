@@ -50,7 +50,7 @@ class ModelParams(_Section):
 class BootstrapParams(_Section):
     source: Literal["train", "committed"] = Field("train", description="train = pre-train the embedded base from scratch; committed = use the base committed in lopd/assets/base (built with the same recipe)")
     n_demos: int = Field(3000, ge=1, description="Noisy-expert episodes used to pre-train the base policy")
-    demo_error_rate: float = Field(0.2, ge=0.0, le=1.0, description="Per-decision error rate of the noisy expert (sets how mediocre the base is)")
+    demo_error_rate: float = Field(0.1, ge=0.0, le=1.0, description="Per-decision error rate of the noisy expert (sets how mediocre the base is)")
     plain_epochs: int = Field(0, ge=0, description="Curriculum: epochs over the demos without experiences first, at a constant rate, so copying forms on short contexts; 0 = off")
     epochs: int = Field(3, ge=1, description="Pre-training epochs over all demonstrations (after the plain ones)")
     decay_frac: float = Field(1.0, ge=0.0, le=1.0, description="Share of the last phase's steps over which the rate decays (cosine); before it the rate holds at its peak")
@@ -62,6 +62,7 @@ class BootstrapParams(_Section):
     experience_max: int = Field(3, ge=1, description="Most experiences shown in one such demo (1..this many; each adds ~60 tokens to its sequence)")
     distractor_frac: float = Field(0.3, ge=0.0, le=1.0, description="Share of the experiences in those demos replaced by a success from another app, which the target does not follow (the base learns to ignore other apps)")
     fresh_app_frac: float = Field(0.5, ge=0.0, le=1.0, description="Share of the experience demos set at a synthetic app whose conventions are drawn fresh for that one example (only the experiences tell them)")
+    unseen_app_frac: float = Field(0.2, ge=0.0, le=1.0, description="Share of demos set at a synthetic app with fresh conventions and no experiences: what to do at an app one knows nothing about (guess, read the errors)")
     eval_dev_tasks: int = Field(200, ge=1, description="Dev tasks rolled out to measure base success")
     expert_check_tasks: int = Field(300, ge=1, description="Tasks per split on which the scripted expert is checked")
 

@@ -229,7 +229,7 @@ def report_markdown(sweep: Mapping, eff: Mapping, dyn: Mapping, ablations: Seque
     lop = agg.get("lopd", {}).get("test_success_rate")
     if lop:
         lines += ["", f"## Do the {ci:.0%} intervals of test success separate?", ""]
-        for m in ("grpo", "vanilla", "opsd", "sft"):
+        for m in ("chance", "grpo", "vanilla", "opsd", "sft"):
             other = agg.get(m, {}).get("test_success_rate")
             if other:
                 sep = intervals_separate(lop, other)

@@ -82,7 +82,7 @@ def write_asset(model, tokenizer, out: Path, record: dict, card: str) -> None:
 def model_card(record: dict) -> str:
     """The asset's README: what it is, how to rebuild it, what it scores."""
     m, r = record["metrics"], record["recipe"]
-    groups = m["dev_success_by_group"]
+    groups, chance = m["dev_success_by_group"], m["dev_chance"]
     acc = ", ".join(f"{k} {v:.2f}" for k, v in m["dev_action_accuracy"].items() if "/" not in k)
     return f"""# Embedded base policy (tiny Qwen3) for ToolWorld
 
@@ -103,14 +103,17 @@ Seed {r['seed']}; pre-training took {record['pretrain_s'] / 60:.1f} min ({record
 
 ## Metrics (on these float16 weights, {m['eval']['dev_tasks']} dev tasks, seed {m['eval']['seed']}, temperature {m['eval']['temperature']})
 
-| | value |
-|---|---|
-| dev success | {m['dev_success_rate']:.3f} |
-| dev success, pre-training apps | {groups['pretrain']:.3f} |
-| dev success, new apps | {groups['new']:.3f} |
-| dev mean reward | {m['dev_mean_reward']:.3f} |
-| scripted expert success (min over splits) | {m['expert_success_rate']:.3f} |
-| teacher-forced action exact match | {acc} |
+| | this base | chance |
+|---|---|---|
+| dev success | {m['dev_success_rate']:.3f} | {chance['success_rate']:.3f} |
+| dev success, pre-training apps | {groups['pretrain']:.3f} | {chance['success_by_group']['pretrain']:.3f} |
+| dev success, new apps | {groups['new']:.3f} | {chance['success_by_group']['new']:.3f} |
+| dev mean reward | {m['dev_mean_reward']:.3f} | {chance['mean_reward']:.3f} |
+| scripted expert success (min over splits) | {m['expert_success_rate']:.3f} | |
+| teacher-forced action exact match | {acc} | |
+
+chance: on the same dev tasks, the best (figure by figure) of the policies that learn nothing
+(`lopd/envs/toolworld/chance.py`: fixed guesses of an app's conventions).
 
 `tests/policy/test_base_asset.py` loads this directory and checks that the dev success above reproduces.
 """

@@ -51,7 +51,7 @@ def demo_tasks(p: Params) -> list:
     families = p.env.families or FAMILIES
     apps = {f: pretrain_apps(f, p.env.pretrain_apps) for f in families}
     return make_tasks("train", p.bootstrap.n_demos, seed=p.env.task_seed, families=families, apps=apps,
-                      world_seed=p.env.world_seed, tag="demo")
+                      world_seed=p.env.world_seed, tag="demo", pretrain_apps=p.env.pretrain_apps)
 
 
 def play(p: Params, task, agent) -> tuple[Demo, str | None]:
@@ -73,7 +73,9 @@ def demonstrations(p: Params) -> tuple[list[Demo], list[Demo], dict]:
     (``fresh_app_demo``). Why both: the teacher is this base with experiences where that
     sentence's placeholder stands (``lopd.latent.teacher``), so the base must be at home with the
     framing and must *use* what experiences show; on a fresh app nothing else predicts the
-    conventions.
+    conventions. A share ``bootstrap.unseen_app_frac`` of all demos is set at a synthetic app with
+    fresh conventions and *no* experiences: that is where a new app without experiences stands,
+    and the base should act there (guess what it cannot know, read the errors), not stall.
     """
     expert = NoisyExpert(p.bootstrap.demo_error_rate, seed=p.seed)
     tasks = demo_tasks(p)
@@ -83,9 +85,13 @@ def demonstrations(p: Params) -> tuple[list[Demo], list[Demo], dict]:
     for i, (task, (_, lite)) in enumerate(zip(tasks, played)):
         if lite is not None:
             by_app.setdefault(task.app, []).append(i)
-    demos, kinds = [], {"plain": 0, "same_app": 0, "fresh_app": 0, "distractors": 0}
+    demos, kinds = [], {"plain": 0, "same_app": 0, "fresh_app": 0, "unseen_app": 0, "distractors": 0}
     pool = [j for ids in by_app.values() for j in ids]  # every successful demo: the distractors' source
     for task, (demo, _) in zip(tasks, played):
+        if rng.random() < p.bootstrap.unseen_app_frac:
+            demos.append(fresh_app_demo(p, task.family, 0, expert, rng)[0])
+            kinds["unseen_app"] += 1
+            continue
         if rng.random() >= p.bootstrap.experience_frac:
             demos.append(demo)
             kinds["plain"] += 1
@@ -122,7 +128,7 @@ def with_experiences(demo: Demo, lites: list[str], framing: str = LATENT_FRAMING
 
 
 def fresh_app_demo(p: Params, family: str, n_exp: int, expert, rng: random.Random) -> tuple[Demo, list[str]]:
-    """A noisy-expert demo at a synthetic app with freshly drawn conventions, and ``n_exp``
+    """A noisy-expert demo at a synthetic app with freshly drawn conventions, and ``n_exp`` (maybe 0)
     successful episodes of other tasks at that same app (observation-lite) to show it with."""
     from lopd.envs.toolworld import SYNTHETIC_APPS, Task, random_conventions
     from lopd.envs.toolworld.families import REGISTRY
@@ -251,17 +257,21 @@ def measure(p: Params, path) -> dict:
     """The base at ``path`` on dev: sampled success (overall and per app group), mean reward, and
     teacher-forced exact match of each scripted-expert action (which step fails). Deterministic
     for given params on CPU."""
+    from lopd.envs.toolworld.chance import chance_row
+    from lopd.policy.engine import app_group
     from lopd.policy.modeling import load_policy, n_params
     from lopd.policy.probe import action_accuracy, expert_episodes
 
     model, tokenizer = load_policy(path, p.model.dtype)
     dev_tasks = split_tasks(p, "dev", p.bootstrap.eval_dev_tasks)
     trajs = make_engine(p, model, tokenizer).run(dev_tasks, seed=p.seed, id_prefix="dev")
+    chance = chance_row(dev_tasks, {t.task_id: app_group(p, t) for t in dev_tasks}, p.env.max_turns, p.env.success_threshold)
     r = p.rollout
     return {
         "dev_success_rate": sum(t.success for t in trajs) / len(trajs),
         "dev_success_by_group": success_by_group(p, dev_tasks, trajs),
         "dev_mean_reward": sum(t.reward for t in trajs) / len(trajs),
+        "dev_chance": {k: v for k, v in chance.items() if k != "policies"},  # the best policy that learns nothing
         "dev_action_accuracy": action_accuracy(model, expert_episodes(tokenizer, dev_tasks, p.env.max_turns, p.env.success_threshold)),
         "n_params": n_params(model),
         "eval": {"dev_tasks": len(dev_tasks), "seed": p.seed, "temperature": r.temperature, "top_p": r.top_p,
@@ -305,8 +315,10 @@ def run(p: Params) -> dict:
             info.update(train_base(p, path, on_step))
         measured = measure(p, path)
         acc = measured["dev_action_accuracy"]
-        log.info("dev success %.3f (pre-training apps %s, new apps %s); expert-action exact match by index: %s",
+        chance = measured["dev_chance"]
+        log.info("dev success %.3f (pre-training apps %s, new apps %s; chance %.3f, %s, %s); expert-action exact match by index: %s",
                  measured["dev_success_rate"], measured["dev_success_by_group"]["pretrain"], measured["dev_success_by_group"]["new"],
+                 chance["success_rate"], chance["success_by_group"]["pretrain"], chance["success_by_group"]["new"],
                  {k: round(v, 2) for k, v in acc.items() if "/" not in k})
         if record is not None and record["metrics"]["eval"] == measured["eval"]:
             info["reproduces_committed_record"] = measured["dev_success_rate"] == record["metrics"]["dev_success_rate"]

@@ -38,5 +38,8 @@ def test_the_demo_profile_uses_the_committed_base_and_its_dev_success_reproduces
     assert got["eval"] == want["eval"]
     assert (got["dev_success_rate"], got["dev_success_by_group"], got["dev_mean_reward"]) == (
         want["dev_success_rate"], want["dev_success_by_group"], want["dev_mean_reward"])
+    assert got["dev_chance"] == want["dev_chance"]  # the policies that learn nothing, on the same dev tasks
     assert 0.25 <= got["dev_success_rate"] <= 0.65  # mediocre on purpose
     assert got["dev_success_by_group"]["pretrain"] > got["dev_success_by_group"]["new"]
+    # it knows the pre-training apps' conventions, far beyond any fixed guess
+    assert got["dev_success_by_group"]["pretrain"] >= got["dev_chance"]["success_by_group"]["pretrain"] + 0.25

@@ -37,12 +37,15 @@ def test_demos_come_from_pretraining_apps_only_and_are_seeded():
     assert {APP_RE.search(m[1]["content"]).group(1) for m, _, _ in plain} <= allowed
     assert all(HEAD not in m[0]["content"] for m, _, _ in plain)  # the plain phase sees no experiences
     assert (demos, info) == demonstrations(p)[::2]
-    assert info["demos_plain"] + info["demos_same_app"] + info["demos_fresh_app"] == 160
+    assert info["demos_plain"] + info["demos_same_app"] + info["demos_fresh_app"] + info["demos_unseen_app"] == 160
     assert 0 < info["demos_same_app"] and 0 < info["demos_fresh_app"] and 0 < info["demos_distractors"]
+    # an unseen-app demo: a synthetic app, no experiences, so nothing tells its conventions
+    unseen = [m for m, _, _ in demos if APP_RE.search(m[1]["content"]).group(1) in SYNTHETIC_APPS and HEAD not in m[0]["content"]]
+    assert len(unseen) == info["demos_unseen_app"] > 0
 
 
 def test_experiences_show_the_apps_conventions_and_distractors_come_from_other_apps():
-    p = _params(bootstrap__experience_frac=1.0, bootstrap__distractor_frac=0.0)
+    p = _params(bootstrap__experience_frac=1.0, bootstrap__distractor_frac=0.0, bootstrap__unseen_app_frac=0.0)
     demos, plain, info = demonstrations(p)
     assert info["demos_distractors"] == 0
     n_fresh, n_bare = 0, 0
@@ -59,7 +62,8 @@ def test_experiences_show_the_apps_conventions_and_distractors_come_from_other_a
         n_fresh += app in SYNTHETIC_APPS
     assert 0 < n_fresh < len(demos) and n_bare == info["demos_plain"] <= len(demos) // 20
     # with every slot a distractor, no experience is from the demo's app
-    demos, _, info = demonstrations(_params(bootstrap__experience_frac=1.0, bootstrap__distractor_frac=1.0))
+    demos, _, info = demonstrations(_params(bootstrap__experience_frac=1.0, bootstrap__distractor_frac=1.0,
+                                            bootstrap__unseen_app_frac=0.0))
     for messages, _, _ in demos:
         app = APP_RE.search(messages[1]["content"]).group(1)
         assert app not in {APP_RE.search(x).group(1) for x in _experiences(messages)}
