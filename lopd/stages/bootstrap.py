@@ -316,7 +316,7 @@ def run(p: Params) -> dict:
         measured = measure(p, path)
         acc = measured["dev_action_accuracy"]
         chance = measured["dev_chance"]
-        log.info("dev success %.3f (pre-training apps %s, new apps %s; chance %.3f, %s, %s); expert-action exact match by index: %s",
+        log.info("dev success %.3f (pre-training apps %s, new apps %s; chance %s, %s, %s); expert-action exact match by index: %s",
                  measured["dev_success_rate"], measured["dev_success_by_group"]["pretrain"], measured["dev_success_by_group"]["new"],
                  chance["success_rate"], chance["success_by_group"]["pretrain"], chance["success_by_group"]["new"],
                  {k: round(v, 2) for k, v in acc.items() if "/" not in k})

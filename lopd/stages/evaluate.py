@@ -328,7 +328,7 @@ def run(p: Params) -> dict:
                 benchmarks[b][m] = evaluate_bfcl(p, b, model, tok, seed=derive_seed(p.seed, b), warned=warned)
             del model
         chance = chance_row(tasks, groups, p.env.max_turns, p.env.success_threshold)  # the same tasks, no learning
-        log.info("evaluate chance: success %.3f (pre-training apps %.3f, new apps %.3f)", chance["success_rate"],
+        log.info("evaluate chance: success %.3f (pre-training apps %s, new apps %s)", chance["success_rate"],
                  chance["success_by_group"]["pretrain"], chance["success_by_group"]["new"])
         table = markdown_table(results, chance) + (bfcl_table(benchmarks) if extra else "")
         results["chance"] = chance

@@ -86,6 +86,15 @@ def test_every_split_at_its_default_size_holds_unique_tasks():
     assert len({content_signature(t.family, t.goal) for t in demos}) == 3000
 
 
+def test_apps_take_turns_pre_training_and_new_alternately_so_short_prefixes_hold_both_groups():
+    tasks = make_tasks("dev", 64)
+    for family in FAMILIES:
+        apps = [t.app for t in tasks if t.family == family]
+        assert len(set(apps)) == 8 and [app_group(family, a, 4) for a in apps[:2]] == ["pretrain", "new"]
+    groups = [app_group(t.family, t.app, 4) for t in make_tasks("dev", 16)]
+    assert groups.count("pretrain") == groups.count("new") == 8
+
+
 def test_asking_for_more_tasks_than_the_content_space_holds_names_the_fix():
     with pytest.raises(ValueError, match=r"content is nearly exhausted.*env\.n_test"):
         make_tasks("test", 200, families=["shop"], apps={"shop": ("Cornershop",)})

@@ -91,21 +91,21 @@ def chance_row(tasks: Sequence[Task], groups: Mapping[str, str], max_turns: int,
     """The chance row on ``tasks``: each policy's success (overall, and per app group as ``groups``
     maps task ids) and mean reward, and for every figure the best of them (``best`` names which)."""
     tasks = list(tasks)
-    names = [g for g in (PRETRAIN, NEW) if g in groups.values()]
+    names = (PRETRAIN, NEW)
     policies = {}
     for name, episodes in play_blind(tasks, max_turns, success_threshold).items():
         wins = [bool(ep["success"]) for ep in episodes]
         by_group = {g: [w for w, t in zip(wins, tasks) if groups[t.task_id] == g] for g in names}
         policies[name] = {"success_rate": sum(wins) / max(1, len(wins)),
-                          "success_by_group": {g: sum(v) / len(v) for g, v in by_group.items() if v},
+                          "success_by_group": {g: (sum(v) / len(v) if v else None) for g, v in by_group.items()},
                           "mean_reward": sum(ep["reward"] for ep in episodes) / max(1, len(episodes))}
 
     def best(get) -> str:
         return max(policies, key=lambda n: get(policies[n]))
 
     top = {"success_rate": best(lambda r: r["success_rate"]), "mean_reward": best(lambda r: r["mean_reward"]),
-           **{f"success_by_group.{g}": best(lambda r, g=g: r["success_by_group"].get(g, -1.0)) for g in names}}
+           **{f"success_by_group.{g}": best(lambda r, g=g: r["success_by_group"][g] or 0.0) for g in names}}
     return {"success_rate": policies[top["success_rate"]]["success_rate"],
-            "success_by_group": {g: policies[top[f"success_by_group.{g}"]]["success_by_group"].get(g) for g in names},
+            "success_by_group": {g: policies[top[f"success_by_group.{g}"]]["success_by_group"][g] for g in names},
             "mean_reward": policies[top["mean_reward"]]["mean_reward"],
             "n_tasks": len(tasks), "best": top, "policies": policies}

@@ -5,8 +5,8 @@ train, 8 dev, 9 test. A split only keeps goals from its own buckets, so no conte
 between splits whatever the sizes or seeds. Within a split every task is unique: a content
 already drawn is drawn again. Task ``i`` depends only on ``(split, seed)``, the app filter and
 the tasks before it, so a larger ``n`` extends a smaller list as a prefix. Within a family the
-apps take turns, so every prefix gives each app the same number of tasks, give or take one:
-a figure per app group then weighs every app alike.
+apps take turns, pre-training and new apps alternately, so every prefix gives each app the same
+number of tasks, give or take one: a figure per app group then weighs every app alike.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import hashlib
 import json
 import random
 from dataclasses import dataclass, field
-from itertools import count
+from itertools import count, zip_longest
 
 from .apps import conventions as app_conventions
 from .families import REGISTRY
@@ -54,6 +54,14 @@ def split_of(family: str, goal: dict) -> str:
     return next(split for split, buckets in SPLIT_BUCKETS.items() if bucket in buckets)
 
 
+def app_turns(family: str, allowed: tuple[str, ...], pretrain_apps: int) -> list[str]:
+    """The order the apps take turns in: pre-training and new apps alternately, so that even a
+    short prefix of a split holds both groups."""
+    first = set(REGISTRY[family].apps[:pretrain_apps])
+    pre, new = [a for a in allowed if a in first], [a for a in allowed if a not in first]
+    return [a for pair in zip_longest(pre, new) for a in pair if a is not None]
+
+
 def make_tasks(split: str, n: int, seed: int = 0, families: list[str] | None = None,
                apps: dict[str, tuple[str, ...]] | None = None, world_seed: int = 0, tag: str = "",
                pretrain_apps: int = 4) -> list[Task]:
@@ -72,7 +80,7 @@ def make_tasks(split: str, n: int, seed: int = 0, families: list[str] | None = N
     tasks, seen = [], set()
     for i in range(n):
         family = REGISTRY[names[i % len(names)]]
-        allowed = (apps or {}).get(family.name) or family.apps
+        allowed = app_turns(family.name, (apps or {}).get(family.name) or family.apps, pretrain_apps)
         app = allowed[(i // len(names)) % len(allowed)]
         for attempt in count():
             if attempt == MAX_DRAWS:
