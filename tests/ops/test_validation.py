@@ -85,14 +85,20 @@ def test_success_inconsistent_with_threshold() -> None:
     df = rollouts()
     df.loc[[0, 2], "success"] = True  # reward 0.25 < 0.5
     assert failures(lambda: validate_rollouts(df, THRESHOLD)) == [
-        ("expect_column_pair_values_to_be_equal(success, expected_success)", 2)
+        ("expect_column_pair_values_a_to_be_greater_than_b(reward_reaches_threshold, success_int)", 2)
     ]
+
+
+def test_an_episode_cut_at_the_turn_limit_may_reach_the_threshold_without_success() -> None:
+    df = rollouts()
+    df.loc[1, "success"] = False  # reward 0.75 >= 0.5, but the episode never finished
+    validate_rollouts(df, THRESHOLD)
 
 
 def test_threshold_is_applied() -> None:
     # Rewards of 0.75 are not successes at a 0.8 threshold.
     assert failures(lambda: validate_rollouts(rollouts(), 0.8)) == [
-        ("expect_column_pair_values_to_be_equal(success, expected_success)", N // 2)
+        ("expect_column_pair_values_a_to_be_greater_than_b(reward_reaches_threshold, success_int)", N // 2)
     ]
 
 
@@ -166,7 +172,7 @@ def test_several_failures_one_line_each() -> None:
     df.loc[1, "reward"] = -0.5  # also inconsistent with success=True
     df.loc[3, "n_turns"] = 0
     assert sorted(failures(lambda: validate_rollouts(df, THRESHOLD))) == [
-        ("expect_column_pair_values_to_be_equal(success, expected_success)", 1),
+        ("expect_column_pair_values_a_to_be_greater_than_b(reward_reaches_threshold, success_int)", 1),
         ("expect_column_values_to_be_between(n_turns)", 1),
         ("expect_column_values_to_be_between(reward)", 1),
     ]
