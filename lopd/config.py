@@ -68,7 +68,7 @@ class BootstrapParams(_Section):
 
 
 class EnvParams(_Section):
-    success_threshold: float = Field(0.8, ge=0.0, le=1.0, description="success = reward >= this (spec: 0.8)")
+    success_threshold: float = Field(0.8, ge=0.0, le=1.0, description="success = reward >= this and the agent finished (spec: 0.8)")
     max_turns: int = Field(8, ge=1, description="Assistant actions before the episode is cut")
     families: list[str] | None = Field(None, description="ToolWorld families to use; null = all")
     task_seed: int = Field(0, description="Seed of the task generator (splits are disjoint for any seed)")

@@ -121,7 +121,7 @@ def privilege_metrics(
     successes among ``dev_eps`` (the base's own rollouts).
     """
     device = next(composer.parameters()).device
-    wins = nll_eps if nll_eps is not None else [e for e in dev_eps if e.reward >= p.env.success_threshold]
+    wins = nll_eps if nll_eps is not None else [e for e in dev_eps if e.success]
     rng = random.Random(p.seed + 1)
     retrieved = [[x["lite_text"] for x in hits] for hits in retriever.retrieve_batch([e.task for e in dev_eps], p.retrieval.n_ret)]
     retrieved_wins = [[x["lite_text"] for x in hits] for hits in retriever.retrieve_batch([e.task for e in wins], p.retrieval.n_ret)] if wins else []
@@ -145,7 +145,7 @@ def privilege_metrics(
     random_exps = [rng.sample(lite, p.retrieval.n_ret) for _ in wins]
     out = {
         "n_dev_episodes": len(dev_eps),
-        "n_dev_successes": sum(e.reward >= p.env.success_threshold for e in dev_eps),
+        "n_dev_successes": sum(e.success for e in dev_eps),
         "n_nll_trajectories": len(wins),
         "nll_no_latents": nll(wins, None),
         "nll_random_latents": nll(wins, random_exps),
@@ -216,7 +216,7 @@ def run(p: Params) -> dict:
         engine = make_engine(p, student, tokenizer)
         trajs = engine.run(dev_tasks, seed=p.seed, id_prefix="cs-dev")
         dev_eps = to_episodes(p, dev_tasks, trajs)
-        policy_wins = [e for e in dev_eps if e.reward >= p.env.success_threshold]
+        policy_wins = [e for e in dev_eps if e.success]
         if len(policy_wins) >= MIN_POLICY_WINS:
             nll_eps, nll_source = policy_wins, "base policy dev successes"
         else:

@@ -33,15 +33,17 @@ class Episode:
     action_mask: list[int]
     prompt_len: int
     reward: float
+    success: bool = False  # reward >= threshold and the agent finished (lopd.envs.toolworld.env)
 
 
 def from_trajectory(task, traj: Trajectory, messages: list[dict]) -> Episode:
-    return Episode(task, messages, traj.token_ids, traj.action_mask, traj.prompt_len, traj.reward)
+    return Episode(task, messages, traj.token_ids, traj.action_mask, traj.prompt_len, traj.reward, bool(traj.success))
 
 
 def from_expert(tokenizer, e) -> Episode:
     """A scripted-expert episode (``lopd.policy.probe.ExpertEpisode``) as an :class:`Episode`."""
-    return Episode(e.task, e.messages, e.token_ids, e.action_mask, len(encode(tokenizer, render_prompt(tokenizer, e.messages))), e.reward)
+    return Episode(e.task, e.messages, e.token_ids, e.action_mask, len(encode(tokenizer, render_prompt(tokenizer, e.messages))), e.reward,
+                   bool(e.success))
 
 
 def initial_messages(p, task) -> list[dict]:
@@ -60,17 +62,17 @@ def replay_entry(tokenizer, task, steps_json: str, max_turns: int, success_thres
     """A bank entry's actions played again in a fresh env (deterministic per task) and tokenised."""
     env = ToolWorldEnv(task, max_turns=max_turns, success_threshold=success_threshold)
     messages = env.initial_observation()
-    actions, observations, reward = [], [], 0.0
+    actions, observations, reward, success = [], [], 0.0, False
     for step in json.loads(steps_json):
         result = env.step(step["action"])
         actions.append(step["action"])
         observations.append(result.observation)
-        reward = result.reward
+        reward, success = result.reward, bool(result.info.get("success", False))
         if result.done:
             break
     ids, mask = tokenize_episode(tokenizer, messages, actions, observations)
     prompt_len = len(encode(tokenizer, render_prompt(tokenizer, messages)))
-    return Episode(task, messages, ids, mask, prompt_len, reward)
+    return Episode(task, messages, ids, mask, prompt_len, reward, success)
 
 
 def bank_episodes(p, tokenizer, bank, tasks_by_id: dict) -> list[Episode]:

@@ -40,7 +40,7 @@ class SFTTrainer:
 
     def step(self, step: int, tasks: Sequence, trajs: Sequence) -> dict[str, float]:
         # Every rank keeps every rank's successes (gathered in task order): one pool, as one process has.
-        wins = self.dp.gather([e for e in to_episodes(self.p, tasks, trajs) if e.reward >= self.p.env.success_threshold])
+        wins = self.dp.gather([e for e in to_episodes(self.p, tasks, trajs) if e.success])
         self.new += wins  # rejection sampling: only successes are kept
         pool = self.pool
         if len(pool) < self.dp.world:  # every rank needs an episode (one process: an empty pool); same on all ranks
@@ -76,4 +76,4 @@ class SFTTrainer:
         for r in state["new"]:
             task = self.tasks_by_id[r["task_id"]]
             self.new.append(Episode(task, initial_messages(self.p, task), list(r["token_ids"]), list(r["action_mask"]),
-                                    int(r["prompt_len"]), float(r["reward"])))
+                                    int(r["prompt_len"]), float(r["reward"]), True))  # the pool holds successes only
