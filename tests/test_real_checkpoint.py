@@ -72,7 +72,7 @@ def test_the_whole_smoke_pipeline_runs_on_the_checkpoint(checkpoint, tmp_path, r
         assert (tmp_path / "models" / ("student" if m == "lopd" else f"students/{m}") / "model.safetensors").exists()
     assert all(v == v for v in (distill["details"]["lopd"]["kl_final"], distill["details"]["lopd"]["delta_final"]))  # finite
     evaluate = json.loads((metrics / "evaluate.json").read_text())
-    assert set(evaluate) == {"vanilla", "lopd", "opsd", "grpo", "sft"}
+    assert set(evaluate) == {"vanilla", "lopd", "opsd", "grpo", "sft", "chance"}
     # the students keep the checkpoint's own tokenizer and template
     student_tok = json.loads((tmp_path / "models" / "student" / "tokenizer_config.json").read_text())
     assert "enable_thinking" in (student_tok.get("chat_template") or (tmp_path / "models" / "student" / "chat_template.jinja").read_text())

@@ -76,7 +76,7 @@ def test_privilege_metrics_are_finite_and_weighted_by_outcome(repo):
     train, dev = make_tasks("train", 6), make_tasks("dev", 4)
     bank = _expert_bank(train)
     dev_eps = [replay_entry(tok, t, s, 8, 0.8) for t, s in zip(dev, _expert_bank(dev).steps_json)]
-    dev_eps[0].reward = 0.0  # one failure: A(τ) = −1 flips its δ
+    dev_eps[0].reward, dev_eps[0].success = 0.0, False  # one failure: A(τ) = −1 flips its δ
     composer = Composer.build(tiny_model(), tok, p.composer, seed=0)
     m = cold_start.privilege_metrics(p, composer, tiny_model(), tok, dev_eps, retriever_for(bank), bank)
     assert m["n_dev_successes"] == 3 and m["n_dev_episodes"] == 4
