@@ -22,8 +22,8 @@ conventions on its own, so that nothing true of one group as a whole predicts th
   holds at exactly half of the new apps.
 
 A group's apps come in complementary pairs (an app and one with every option flipped), so
-groups of other sizes are balanced as well as their counts allow. Which relations and which apps get which combination is a deterministic function of
-``(family, world seed)``. (Dealing the eight combinations once over the eight apps, as an
+groups of other sizes are balanced as well as their counts allow. Which relations and which
+apps get which combination is a deterministic function of ``(family, world seed)``. (Dealing the eight combinations once over the eight apps, as an
 earlier version did, gives the new apps exactly the combinations the pre-training apps lack:
 every family-wide habit of the pre-training apps is then wrong at the new apps.)
 
