@@ -11,6 +11,9 @@ warm-up and is not timed. On a shared CPU, read the ratios rather than the absol
 
     .venv/bin/python benchmarks/step_cost.py [--profile demo] [--steps 2] [--set k=v ...]
 
+With ``distill.composer_every = k`` the timed steps are rounded up to whole cycles of k, so the
+composer update's share is its amortised cost.
+
 Needs ``models/base``, ``models/composer`` and ``data/index`` (``lopd bootstrap``, ``collect``,
 ``index``, ``cold-start``); writes nothing (LOPD runs without a bank of its own here).
 """
@@ -61,19 +64,21 @@ def main() -> None:
     a = ap.parse_args()
     p = load_params(a.params, a.profile, a.overrides)
     _check_inputs(p, list(METHODS))
+    k = p.distill.composer_every
+    steps = -(-a.steps // k) * k  # whole cycles: after the warm-up step 0, steps 1..n hold n/k composer updates
 
     rows = {}
     for method, phases in METHODS.items():
         student, tok = load_policy(layout.policy_path(p), p.model.dtype)
         trainer = make_trainer(p, method, student, tok, rounds=False)
-        ms, tokens = time_steps(p, trainer, a.steps)
+        ms, tokens = time_steps(p, trainer, steps)
         rows[method] = ({ph: ms.get(ph, 0.0) for ph in phases}, tokens)
         del student, trainer
 
     d = p.distill
     print(f"model: {layout.policy_path(p)}  batch: {d.batch_tasks} generations/step  G: {p.grpo.group_size}  "
           f"n_ret×K: {p.retrieval.n_ret}×{p.composer.num_latents}  top-M: {d.top_m}  composer frozen: {p.composer.frozen}  "
-          f"threads: {torch.get_num_threads()}  timed steps: {a.steps} (shared CPU: compare ratios)")
+          f"composer every {k} steps  threads: {torch.get_num_threads()}  timed steps: {steps} (shared CPU: compare ratios)")
     print(f"{'phase':18s}" + "".join(f"{m.upper() + ' ms/step':>15s}{'share':>7s}" for m in METHODS))
     totals = {m: sum(r[0].values()) for m, r in rows.items()}
     for ph in dict.fromkeys(LOPD_PHASES + GRPO_PHASES):

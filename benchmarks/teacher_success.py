@@ -25,15 +25,12 @@ import torch
 
 from lopd import layout
 from lopd.config import load_params
-from lopd.envs.toolworld import ToolWorldEnv
 from lopd.io import write_json
 from lopd.latent.composer import Composer
-from lopd.latent.teacher_rollout import LatentBackend, LatentContextEnv, first_prompt
+from lopd.latent.teacher_rollout import teacher_success
 from lopd.memory.retrieval import open_retriever
-from lopd.policy.engine import make_engine, split_tasks, success_by_group
+from lopd.policy.engine import split_tasks
 from lopd.policy.modeling import load_policy
-from lopd.policy.rollout import RolloutEngine
-from lopd.stages.privilege import ContextEnv
 from lopd.train.onpolicy import derive_seed
 
 
@@ -54,41 +51,15 @@ def main() -> None:
     tasks = split_tasks(p, "dev", a.tasks)
     hits = open_retriever(p).retrieve_batch(list(tasks), p.retrieval.n_ret)
     exps = {t.task_id: [h["lite_text"] for h in hs] for t, hs in zip(tasks, hits)}
-    seed = derive_seed(p.seed, "teacher-success")
-
-    def env(task):
-        return ToolWorldEnv(task, p.env.max_turns, p.env.success_threshold)
-
-    def score(trajs) -> dict:
-        return {"success": sum(t.success for t in trajs) / len(trajs), "reward": sum(t.reward for t in trajs) / len(trajs),
-                **{f"success_{g}": v for g, v in success_by_group(p, tasks, trajs).items()}}
-
-    rows = {}
-    engine = make_engine(p, base, tok)
-    engine.make_env = env
-    rows["none"] = score(engine.run(tasks, 1, seed=seed, progress=False))
-    engine.make_env = lambda task: ContextEnv(env(task), "\n\n".join(exps[task.task_id]))
-    rows["retrieved_text"] = score(engine.run(tasks, 1, seed=seed, progress=False))
-
+    composers = {}
     for name, path in [("latents_phi0", layout.composer_dir(p)), *((f"latents:{d}", Path(d)) for d in a.composer)]:
         backbone, _ = load_policy(layout.policy_path(p), p.model.dtype)
-        composer = Composer.load(backbone, tok, path).eval()
-        n_latents = p.retrieval.n_ret * p.composer.num_latents
-        backend = LatentBackend(base, tok, p.rollout.temperature, p.rollout.top_p)
-        with torch.no_grad():
-            for i in range(0, len(tasks), 32):
-                chunk = tasks[i : i + 32]
-                lat_BLD = composer([t.text for t in chunk], [exps[t.task_id] for t in chunk])
-                for t, lat_LD in zip(chunk, lat_BLD):
-                    backend.register(first_prompt(tok, LatentContextEnv(env(t), n_latents)), lat_LD)
-        latent_engine = RolloutEngine(backend, tok, make_env=lambda task: LatentContextEnv(env(task), n_latents),
-                                      max_new_tokens=p.rollout.max_new_tokens, batch_size=p.rollout.batch_size,
-                                      max_seq_len=engine.max_seq_len)
-        rows[name] = score(latent_engine.run(tasks, 1, seed=seed, progress=False))
-        print(f"  {name}: done", flush=True)
+        composers[name] = Composer.load(backbone, tok, path).eval()
+    # the seed metrics/cold_start.json's teacher_success uses: the two agree on the same composer
+    rows = teacher_success(p, base, tok, tasks, exps, composers, seed=derive_seed(p.seed, "teacher-success"))
 
     print(f"teacher success on {len(tasks)} dev tasks (one sample each, temperature {p.rollout.temperature}, same seed):")
-    print(f"| teacher context | success | pre-training apps | new apps | mean reward |\n|---|---|---|---|---|")
+    print("| teacher context | success | pre-training apps | new apps | mean reward |\n|---|---|---|---|---|")
     for name, r in rows.items():
         fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
         print(f"| {name} | {fmt(r['success'])} | {fmt(r['success_pretrain'])} | {fmt(r['success_new'])} | {fmt(r['reward'])} |")

@@ -153,7 +153,11 @@ class ColdStartParams(_Section):
     batch_size: int = Field(8, ge=1, description="Trajectories per step")
     max_targets: int | None = Field(None, ge=1, description="Bank entries trained on per epoch; null = all")
     eval_dev_tasks: int = Field(64, ge=1, description="Dev tasks rolled out by the base to measure the NLLs and delta after cold start")
+    objective: Literal["nll", "text_kl", "mix"] = Field("nll", description="nll = the teacher's NLL of bank successes given latents (spec); text_kl = KL(base reading the experiences as text ‖ base reading their latents) on the base's own collected rollouts; mix = nll + kl_weight·text_kl")
+    kl_weight: float = Field(1.0, ge=0.0, description="Weight of the text KL in objective=mix")
+    lr_schedule: Literal["constant", "cosine"] = Field("constant", description="constant (spec) or cosine decay after a 10 % linear warm-up")
     probe_tasks: int = Field(3, ge=0, description="Dev tasks whose latents are projected to their nearest vocabulary tokens (artifact)")
+    teacher_success_tasks: int = Field(200, ge=0, description="Dev tasks the teacher is rolled out on with no context, the experiences as text, and the latents (one sample each; 0 = skip)")
 
 
 class DistillParams(_Section):
@@ -167,6 +171,8 @@ class DistillParams(_Section):
     anchor_lambda: float = Field(0.2, ge=0.0, description="λ: weight of ||c_φ − c_φ0||² (spec: 0.2)")
     eta_beta: float = Field(0.5, ge=0.0, description="η_β: dual ascent step on β (spec: 0.5)")
     beta0: float = Field(0.0, ge=0.0, description="β at step 0 (spec: 0)")
+    composer_kl_weight: float = Field(1.0, ge=0.0, description="Weight of KL(π_S ‖ π_T) in the composer's Lagrangian (spec: 1); 0 = the composer only keeps the margin and its anchor")
+    composer_every: int = Field(1, ge=1, description="Update the composer every this many steps (1 = every step, as the spec); the teacher scores with the current φ on every step")
     top_m: int = Field(20, ge=1, description="M: top tokens of the KL support, plus one tail bucket (spec: 20)")
     kl_support: Literal["teacher", "student"] = Field("teacher", description="Whose top-M ids form the KL support (public code: teacher)")
     rounds: int = Field(1, ge=1, description="Bank refreshes: new successes join the bank after each round")
@@ -185,6 +191,7 @@ class GRPOParams(_Section):
     clip_eps: float = Field(0.2, gt=0.0, description="PPO ratio clip")
     lr: float = Field(1e-5, gt=0.0, description="GRPO learning rate (tuned on dev)")
     updates_per_batch: int = Field(1, ge=1, description="Optimiser steps per rollout batch (μ); above 1 the rollouts go off-policy and the ratio clip acts")
+    scale_rewards: Literal["group", "none"] = Field("group", description="Advantage scaling: group = divide by the group's reward std (GRPO), none = centred only (Dr. GRPO)")
 
 
 # What evaluate.benchmarks may name (lopd.envs.bfcl.data.CATEGORIES' keys, listed here so that reading

@@ -57,7 +57,7 @@ SHARED_PARAMS = {
     "collect": ("seed", "model.path", "model.dtype", "env", "rollout", "collect", "bank"),
     "index": ("seed", "model.path", "model.dtype", "env", "bank", "retrieval"),
     "cold_start": ("seed", "model.path", "model.dtype", "env", "rollout", "retrieval", "composer", "cold_start",
-                   "bank.min_size", "distill.grad_clip"),
+                   "bank.min_size", "distill.grad_clip", "distill.top_m"),
 }
 # Keys inside those sections that only distillation reads (an ablation may change them over shared outputs).
 DISTILL_ONLY = ("composer.frozen",)

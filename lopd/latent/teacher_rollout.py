@@ -6,7 +6,8 @@ with the framing sentence and ``n_ret × K`` placeholder slots (as in ``lopd.lat
 :class:`LatentBackend` samples with ``inputs_embeds`` in which those slots hold the latents the
 composer made for that task and its retrieved experiences. Its success rate set beside the base's
 with the experiences as *text* (the ``privilege`` stage's ``retrieved_text``) says whether the
-latents hold what the text holds (``benchmarks/teacher_success.py``).
+latents hold what the text holds (:func:`teacher_success`: ``metrics/cold_start.json`` and
+``benchmarks/teacher_success.py``).
 
 Every turn re-prefills the conversation (``model.generate`` with ``inputs_embeds``; no cache
 across turns): a diagnostic, not a training path.
@@ -14,14 +15,16 @@ across turns): a diagnostic, not a training path.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 
 from lopd.latent.teacher import add_latent_placeholder, inject_latents
 from lopd.policy.backends import HFBackend
 from lopd.policy.chat import LATENT_PH, encode, render_prompt
+from lopd.policy.engine import make_engine, success_by_group
 from lopd.policy.generation import Generation
+from lopd.policy.rollout import RolloutEngine
 
 
 class LatentBackend(HFBackend):
@@ -84,6 +87,21 @@ class LatentBackend(HFBackend):
         return self._generations(out.sequences, out)
 
 
+class ContextEnv:
+    """An env whose first observation carries ``text`` in the teacher's framing sentence
+    (``text=None``: the student's prompt unchanged)."""
+
+    def __init__(self, env, text: str | None):
+        self.env, self.text, self.task = env, text, env.task
+
+    def initial_observation(self) -> list[dict]:
+        messages = self.env.initial_observation()
+        return messages if self.text is None else add_latent_placeholder(messages, placeholder=self.text)
+
+    def step(self, action: str):
+        return self.env.step(action)
+
+
 class LatentContextEnv:
     """A ToolWorld env whose first observation carries ``n_latents`` placeholder slots in the teacher's framing."""
 
@@ -100,3 +118,41 @@ class LatentContextEnv:
 def first_prompt(tokenizer, env) -> list[int]:
     """The ids the rollout engine starts ``env``'s episode with (``RolloutEngine._start``)."""
     return encode(tokenizer, render_prompt(tokenizer, env.initial_observation()))
+
+
+def teacher_success(p, base, tokenizer, tasks: Sequence, experiences: Mapping[str, Sequence[str]],
+                    composers: Mapping[str, object], seed: int) -> dict[str, dict]:
+    """The frozen ``base`` played as a policy on ``tasks``, one sample each, the same sampling seed.
+
+    Rows: ``none`` (its own prompt), ``retrieved_text`` (``experiences[task_id]`` as text in the
+    framing sentence: OPSD's teacher), and one row per entry of ``composers`` (name → a
+    ``Composer``: its latents of the same experiences in the slots). Each row holds ``success``,
+    ``reward`` and ``success_<group>`` (pre-training / new apps).
+    """
+    engine = make_engine(p, base, tokenizer)
+    make_env = engine.make_env
+
+    def score(trajs) -> dict:
+        n = max(1, len(trajs))
+        return {"success": sum(t.success for t in trajs) / n, "reward": sum(t.reward for t in trajs) / n,
+                **{f"success_{g}": v for g, v in success_by_group(p, tasks, trajs).items()}}
+
+    rows = {"none": score(engine.run(tasks, 1, seed=seed, progress=False))}
+    engine.make_env = lambda task: ContextEnv(make_env(task), "\n\n".join(experiences[task.task_id]))
+    rows["retrieved_text"] = score(engine.run(tasks, 1, seed=seed, progress=False))
+    engine.make_env = make_env
+
+    n_latents = p.retrieval.n_ret * p.composer.num_latents
+    for name, composer in composers.items():
+        backend = LatentBackend(base, tokenizer, p.rollout.temperature, p.rollout.top_p)
+        with torch.no_grad():
+            for i in range(0, len(tasks), 32):
+                chunk = tasks[i : i + 32]
+                lat_BLD = composer([t.text for t in chunk], [list(experiences[t.task_id]) for t in chunk])
+                for t, lat_LD in zip(chunk, lat_BLD):
+                    backend.register(first_prompt(tokenizer, LatentContextEnv(make_env(t), n_latents)), lat_LD)
+        latent_engine = RolloutEngine(backend, tokenizer, make_env=lambda task: LatentContextEnv(make_env(task), n_latents),
+                                      max_new_tokens=p.rollout.max_new_tokens, batch_size=p.rollout.batch_size,
+                                      max_seq_len=engine.max_seq_len)
+        rows[name] = score(latent_engine.run(tasks, 1, seed=seed, progress=False))
+    return rows

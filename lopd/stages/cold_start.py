@@ -1,37 +1,49 @@
-"""Stage `cold-start` (spec step 5): one SFT round of the latent composer, backbone frozen.
+"""Stage `cold-start` (spec step 5): one round of training the latent composer, backbone frozen.
 
-For each bank entry (a successful train trajectory) the composer reads ``n_ret`` *other*
-retrieved successes, and the teacher (base weights, encoder LoRA off) with those latents in
-its prompt is trained to predict the entry's action tokens. Only the encoder LoRA and the
-resampler learn. The result, φ₀, is saved to ``models/composer/`` and is the anchor of the
-distillation Lagrangian.
+The teacher is the base (encoder LoRA off) with ``n_ret`` retrieved experiences' latents in its
+prompt. ``cold_start.objective`` says what it is trained towards:
 
-Then the privilege is measured on dev (never train): the NLL of successful dev trajectories
-with no latents, with latents of random bank entries, and with latents of the retrieved ones
-(the base's own dev successes, or the scripted expert's on the same dev tasks when the base
-has fewer than ``MIN_POLICY_WINS``, recorded as ``nll_source``); and Δ = mean A(τ)·δ_t over
-the base's fresh dev rollouts (spec: Losses).
+- ``nll`` (the spec's): the teacher's NLL of each bank entry's action tokens, given latents of
+  its retrieved peers;
+- ``text_kl``: KL(T_text ‖ T_latent) at every action position of the base's own collected
+  rollouts, successes and failures alike: the target is the same base reading the same
+  experiences *as text*, so the latents learn to say what the text says;
+- ``mix``: ``nll`` on the successes among those rollouts + ``kl_weight`` × ``text_kl``.
+
+Only the encoder LoRA and the resampler learn. The result, φ₀, is saved to ``models/composer/``
+and is the anchor of the distillation Lagrangian.
+
+Then it is measured on dev (never train): the teacher as a policy (success with no context,
+with the experiences as text, with their latents; ``lopd.latent.teacher_rollout``); the NLL of
+the scripted expert's dev successes with no latents, random bank entries' latents, the retrieved
+ones' latents and the retrieved ones as text; and Δ = mean A(τ)·δ_t over the base's fresh dev
+rollouts (spec: Losses).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from typing import Sequence
 
+import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from lopd import layout
 from lopd.config import Params
 from lopd.io import atomic_path, write_json
 from lopd.latent.composer import Composer, encoder_text
-from lopd.latent.teacher import teacher_logprobs
+from lopd.latent.teacher import teacher_logprobs, text_teacher_batch
+from lopd.latent.teacher_rollout import teacher_success
 from lopd.memory.bank import BankError, read_bank
 from lopd.policy.engine import make_engine, split_tasks, train_tasks_by_id
 from lopd.policy.scoring import token_logprobs
-from lopd.train.episodes import Episode, Timer, bank_episodes, from_expert, student_batch, teacher_batch, to_episodes
-from lopd.train.losses import masked_mean, privilege, trajectory_margin
+from lopd.train.episodes import Episode, Timer, bank_episodes, from_expert, initial_messages, student_batch, teacher_batch, to_episodes
+from lopd.train.losses import cold_start_loss, masked_mean, privilege, text_to_latent_kl, trajectory_margin
+from lopd.train.onpolicy import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +54,12 @@ def n_latents(p: Params) -> int:
 
 def teacher_token_logp(
     composer: Composer, tokenizer, episodes: Sequence[Episode], experiences: Sequence[Sequence[str]], p: Params,
-    timer: Timer | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    timer: Timer | None = None, ids_BTM: torch.Tensor | None = None,
+):
     """``(token_logp_BT, mask_BT)``: the teacher's log-prob of each action token, student layout.
 
     Differentiable in φ unless called under ``no_grad``. ``timer`` splits encoder / resampler /
-    teacher forward.
+    teacher forward. With ``ids_BTM`` the teacher's log-probs at those ids come third.
     """
     timer = timer or Timer()
     device = next(composer.parameters()).device
@@ -61,46 +73,110 @@ def teacher_token_logp(
     with timer("teacher_forward"):
         s_ids_BT, _, s_mask_BT = student_batch(episodes, tokenizer.pad_token_id)
         tb = teacher_batch(tokenizer, episodes, latents_BLD.shape[1], p.composer.placeholder).to(device)
-        scores = teacher_logprobs(composer.backbone, tb, latents_BLD, s_ids_BT.to(device), s_mask_BT.to(device))
+        scores = teacher_logprobs(composer.backbone, tb, latents_BLD, s_ids_BT.to(device), s_mask_BT.to(device), ids_BTM=ids_BTM)
+    if ids_BTM is not None:
+        return scores.token_logp_BT, s_mask_BT.to(device), scores.topm_logp_BTM
     return scores.token_logp_BT, s_mask_BT.to(device)
 
 
+@torch.no_grad()
+def text_teacher(composer: Composer, tokenizer, episodes: Sequence[Episode], experiences: Sequence[Sequence[str]], top_m: int | None):
+    """The frozen base with the experiences *as text* (the KL target): its ``TeacherScores`` in the student's layout."""
+    device = next(composer.parameters()).device
+    s_ids_BT, _, s_mask_BT = student_batch(episodes, tokenizer.pad_token_id)
+    tb = text_teacher_batch(tokenizer, episodes, ["\n\n".join(x) for x in experiences]).to(device)
+    no_latents = torch.zeros(len(episodes), 0, composer.backbone.config.hidden_size, device=device)
+    return teacher_logprobs(composer.backbone, tb, no_latents, s_ids_BT.to(device), s_mask_BT.to(device), top_m=top_m)
+
+
+def batch_loss(p: Params, composer: Composer, tokenizer, episodes: Sequence[Episode], experiences: Sequence[Sequence[str]],
+               timer: Timer) -> tuple[torch.Tensor, dict[str, float]]:
+    """The cold-start loss of one batch (``cold_start.objective``) and its parts (``nll``, ``text_kl``)."""
+    c = p.cold_start
+    nll = text_kl = None
+    if c.objective == "nll":
+        logp_BT, mask_BT = teacher_token_logp(composer, tokenizer, episodes, experiences, p, timer)
+    else:
+        with timer("text_teacher"):
+            target = text_teacher(composer, tokenizer, episodes, experiences, p.distill.top_m)  # support: the text's top-M
+        logp_BT, mask_BT, logp_BTM = teacher_token_logp(composer, tokenizer, episodes, experiences, p, timer, target.topm_ids_BTM)
+        text_kl = text_to_latent_kl(target.topm_logp_BTM, logp_BTM, mask_BT)
+    if c.objective != "text_kl":
+        wins_BT = mask_BT.bool() & torch.tensor([e.success for e in episodes], device=mask_BT.device)[:, None]  # NLL of successes only
+        nll = -masked_mean(logp_BT, wins_BT)
+    loss = cold_start_loss(nll, text_kl, c.objective, c.kl_weight)
+    return loss, {k: float(v.detach()) for k, v in (("nll", nll), ("text_kl", text_kl)) if v is not None}
+
+
+def rollout_episodes(p: Params, tokenizer, tasks_by_id: dict) -> list[Episode]:
+    """The base's collected train rollouts (``data/rollouts``), successes and failures, as episodes."""
+    from lopd.stages.collect import ROLLOUTS_FILE
+
+    path = layout.rollouts_dir(p) / ROLLOUTS_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"cold_start.objective = {p.cold_start.objective}: {path} is missing; run `lopd collect` first")
+    frame = pd.read_parquet(path, columns=["task_id", "token_ids", "action_mask", "prompt_len", "reward", "success"])
+    messages: dict[str, list[dict]] = {}
+    out = []
+    for r in frame.itertuples(index=False):
+        task = tasks_by_id[r.task_id]
+        if r.task_id not in messages:
+            messages[r.task_id] = initial_messages(p, task)
+        out.append(Episode(task, messages[r.task_id], list(r.token_ids), list(r.action_mask), int(r.prompt_len), float(r.reward), bool(r.success)))
+    return out
+
+
 def train_targets(p: Params, tokenizer, bank) -> list[Episode]:
-    """Bank entries replayed as episodes (train tasks, ``bank_id`` order, capped by ``cold_start.max_targets``)."""
-    episodes = bank_episodes(p, tokenizer, bank, train_tasks_by_id(p))
+    """What the composer is trained on, capped by ``cold_start.max_targets``: bank entries replayed as
+    episodes (``nll``, ``bank_id`` order) or the base's collected rollouts (``text_kl``, ``mix``)."""
+    if p.cold_start.objective == "nll":
+        episodes = bank_episodes(p, tokenizer, bank, train_tasks_by_id(p))
+    else:
+        episodes = rollout_episodes(p, tokenizer, train_tasks_by_id(p))
     return episodes[: p.cold_start.max_targets] if p.cold_start.max_targets else episodes
 
 
+def lr_lambda(schedule: str, total: int):
+    """Multiplier of the base rate at step ``s``: constant, or 10 % linear warm-up then cosine to 0."""
+    warmup = max(1, total // 10)
+    if schedule == "constant":
+        return lambda s: 1.0
+    return lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1.0 + math.cos(math.pi * (s - warmup) / max(1, total - warmup)))
+
+
 def train(p: Params, composer: Composer, tokenizer, targets: list[Episode], retriever, on_step=None) -> tuple[list[float], Timer]:
-    """The cold-start SFT: teacher NLL of each target's actions given latents of its retrieved peers."""
+    """The cold start: ``cold_start.objective`` on each batch of targets, latents of their retrieved peers."""
+    c = p.cold_start
     params = composer.trainable_parameters()
-    opt = torch.optim.AdamW(params, lr=p.cold_start.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(params, lr=c.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(c.lr_schedule, c.epochs * math.ceil(len(targets) / c.batch_size)))
     rng = random.Random(p.seed)
     experiences = [[x["lite_text"] for x in hits] for hits in retriever.retrieve_batch([e.task for e in targets], p.retrieval.n_ret)]
     losses, timer = [], Timer()
-    bs = p.cold_start.batch_size
+    bs = c.batch_size
+    bar = tqdm(total=c.epochs * math.ceil(len(targets) / bs), desc=f"cold start ({c.objective})", unit="step", leave=False)
     composer.train()
-    for epoch in range(p.cold_start.epochs):
+    for epoch in range(c.epochs):
         order = list(range(len(targets)))
         rng.shuffle(order)
         for start in range(0, len(order), bs):
             idx = order[start : start + bs]
-            logp_BT, mask_BT = teacher_token_logp(composer, tokenizer, [targets[i] for i in idx], [experiences[i] for i in idx], p, timer)
-            loss = -masked_mean(logp_BT, mask_BT)  # NLL per action token
+            loss, parts = batch_loss(p, composer, tokenizer, [targets[i] for i in idx], [experiences[i] for i in idx], timer)
             with timer("backward"):
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, p.distill.grad_clip)
                 opt.step()
+                sched.step()
             timer.steps += 1
             losses.append(loss.item())
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.4f}")
             if on_step:
-                on_step(len(losses) - 1, losses[-1])
+                on_step(len(losses) - 1, losses[-1], parts)
+    bar.close()
     composer.eval()
     return losses, timer
-
-
-MIN_POLICY_WINS = 8  # fewer of the base's own dev successes than this and the NLLs use the expert's
 
 
 def expert_dev_episodes(p: Params, tokenizer, tasks: Sequence) -> list[Episode]:
@@ -115,7 +191,7 @@ def privilege_metrics(
     p: Params, composer: Composer, student, tokenizer, dev_eps: list[Episode], retriever, bank,
     nll_eps: list[Episode] | None = None,
 ) -> dict:
-    """NLLs on successful dev episodes (none / random / retrieved latents) and Δ on ``dev_eps``.
+    """NLLs on successful dev episodes (none / random / retrieved latents / retrieved text) and Δ on ``dev_eps``.
 
     ``nll_eps``: the successful dev trajectories the NLLs are measured on; default the
     successes among ``dev_eps`` (the base's own rollouts).
@@ -142,6 +218,18 @@ def privilege_metrics(
             count += int(mask_BT.sum())
         return total / count
 
+    def nll_text(episodes, exps) -> float:
+        if not episodes:
+            return float("nan")
+        total, count = 0.0, 0
+        for i in range(0, len(episodes), p.cold_start.batch_size):
+            chunk = episodes[i : i + p.cold_start.batch_size]
+            t = text_teacher(composer, tokenizer, chunk, exps[i : i + len(chunk)], top_m=None)
+            mask_BT = student_batch(chunk, tokenizer.pad_token_id)[2].bool().to(device)
+            total -= float(t.token_logp_BT[mask_BT].sum())
+            count += int(mask_BT.sum())
+        return total / count
+
     random_exps = [rng.sample(lite, p.retrieval.n_ret) for _ in wins]
     out = {
         "n_dev_episodes": len(dev_eps),
@@ -150,6 +238,7 @@ def privilege_metrics(
         "nll_no_latents": nll(wins, None),
         "nll_random_latents": nll(wins, random_exps),
         "nll_retrieved_latents": nll(wins, retrieved_wins),
+        "nll_retrieved_text": nll_text(wins, retrieved_wins),
     }
     # Δ on fresh student rollouts, successes and failures alike (A(τ) = 2r − 1).
     deltas = []
@@ -203,10 +292,11 @@ def run(p: Params) -> dict:
         student, _ = load_policy(path, p.model.dtype)  # the untouched base: rollouts and the no-latent NLL
         composer = Composer.build(backbone, tokenizer, p.composer, seed=p.seed)
         targets = train_targets(p, tokenizer, bank)
-        log.info("cold start: %d bank entries, %d targets, n_ret=%d, K=%d", len(bank), len(targets), p.retrieval.n_ret, p.composer.num_latents)
+        log.info("cold start (%s): %d bank entries, %d targets, n_ret=%d, K=%d", p.cold_start.objective, len(bank), len(targets),
+                 p.retrieval.n_ret, p.composer.num_latents)
 
-        def on_step(step, loss):
-            mlflow.log_metric("cold_start_nll", loss, step=step)
+        def on_step(step, loss, parts):
+            mlflow.log_metrics({"cold_start_loss": loss, **{f"cold_start_{k}": v for k, v in parts.items()}}, step=step)
 
         losses, timer = train(p, composer, tokenizer, targets, retriever, on_step)
         with atomic_path(layout.composer_dir(p)) as tmp:
@@ -216,19 +306,23 @@ def run(p: Params) -> dict:
         engine = make_engine(p, student, tokenizer)
         trajs = engine.run(dev_tasks, seed=p.seed, id_prefix="cs-dev")
         dev_eps = to_episodes(p, dev_tasks, trajs)
-        policy_wins = [e for e in dev_eps if e.success]
-        if len(policy_wins) >= MIN_POLICY_WINS:
-            nll_eps, nll_source = policy_wins, "base policy dev successes"
-        else:
-            # Too few of the base's own dev successes to measure an NLL on: say so and use the
-            # scripted expert's successful trajectories on the same held-out dev tasks.
-            log.warning("cold start: the base solved %d of %d dev tasks; NLLs are measured on scripted-expert dev trajectories",
-                        len(policy_wins), len(dev_eps))
-            nll_eps, nll_source = expert_dev_episodes(p, tokenizer, dev_tasks), "scripted-expert dev trajectories"
+        # The privilege lives where the base fails: the NLLs are taken on the scripted expert's
+        # successes on the same dev tasks (the base's own successes are mostly at apps it knows).
+        nll_eps, nll_source = expert_dev_episodes(p, tokenizer, dev_tasks), "scripted-expert dev successes"
         metrics = privilege_metrics(p, composer, student, tokenizer, dev_eps, retriever, bank, nll_eps)
         metrics["nll_source"] = nll_source
+        if p.cold_start.teacher_success_tasks:
+            ts_tasks = split_tasks(p, "dev", p.cold_start.teacher_success_tasks)
+            hits = retriever.retrieve_batch(list(ts_tasks), p.retrieval.n_ret)
+            exps = {t.task_id: [h["lite_text"] for h in hs] for t, hs in zip(ts_tasks, hits)}
+            rows = teacher_success(p, student, tokenizer, ts_tasks, exps, {"latents": composer}, seed=derive_seed(p.seed, "teacher-success"))
+            metrics["teacher_success"] = {"tasks": len(ts_tasks), **rows}
+            log.info("cold start: teacher success on %d dev tasks: %s", len(ts_tasks),
+                     ", ".join(f"{k} {v['success']:.3f} (new apps {v['success_new']})" for k, v in rows.items()))
+            mlflow.log_metrics({f"teacher_success_{k}": v["success"] for k, v in rows.items()})
         metrics.update(
             n_bank=len(bank),
+            objective=p.cold_start.objective,
             n_targets=len(targets),
             n_latents=n_latents(p),
             steps=len(losses),

@@ -30,27 +30,13 @@ import torch
 from lopd import layout
 from lopd.config import Params
 from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, run_episode
-from lopd.latent.teacher import add_latent_placeholder, teacher_logprobs, text_teacher_batch
+from lopd.latent.teacher import teacher_logprobs, text_teacher_batch
+from lopd.latent.teacher_rollout import ContextEnv
 from lopd.memory.lite import lite_text
 
 log = logging.getLogger(__name__)
 
 CONTEXTS = ("none", "framing", "retrieved_text", "random_text", "oracle_text")
-
-
-class ContextEnv:
-    """A ToolWorld env whose first observation carries ``text`` in the teacher's framing sentence
-    (``text=None``: the student's prompt unchanged)."""
-
-    def __init__(self, env: ToolWorldEnv, text: str | None):
-        self.env, self.text, self.task = env, text, env.task
-
-    def initial_observation(self) -> list[dict]:
-        messages = self.env.initial_observation()
-        return messages if self.text is None else add_latent_placeholder(messages, placeholder=self.text)
-
-    def step(self, action: str):
-        return self.env.step(action)
 
 
 def oracle_experiences(p: Params, task, k: int, rng: random.Random) -> list[str]:

@@ -41,6 +41,7 @@ def grpo_update(
     updates: int,
     pad_id: int,
     dp: DataParallel = DataParallel(),
+    scale_rewards: str = "group",
 ) -> dict[str, float]:
     """``updates`` clipped-ratio steps on one group batch; ``episodes`` are task-major (row n·G + g).
 
@@ -52,7 +53,7 @@ def grpo_update(
     if len(episodes) != n * g:
         raise ValueError(f"{len(episodes)} episodes for a {n}×{g} reward grid")
     device = next(model.parameters()).device
-    adv_B = grpo_advantages(reward_NG.float()).reshape(-1).to(device)
+    adv_B = grpo_advantages(reward_NG.float(), scale=scale_rewards).reshape(-1).to(device)
     ids_BT, attn_BT, mask_BT = (t.to(device) for t in student_batch(episodes, pad_id))
     with torch.no_grad():  # π_old at temperature 1 (module docstring)
         _, old_logp_BT = token_logprobs(model, ids_BT, attn_BT, mask_BT)
@@ -97,6 +98,7 @@ class GRPOTrainer:
             return grpo_update(
                 self.student, self.opt_student, episodes, reward_NG, clip_eps=self.p.grpo.clip_eps,
                 updates=self.p.grpo.updates_per_batch, pad_id=self.tokenizer.pad_token_id, dp=self.dp,
+                scale_rewards=self.p.grpo.scale_rewards,
             )
 
     def end_round(self, round_: int) -> None:

@@ -18,7 +18,7 @@ The equations, as the spec's "Losses" section states them (per action token t of
    the student's prefix in one forward (spec step 4): top-M support, log π_T at a_t, Δ (E2, E3);
 4. student update on the reverse KL, teacher detached (E1; spec: student objective);
 5. composer update on L_φ with the same support, student detached (E4; skipped when
-   ``composer.frozen``);
+   ``composer.frozen``, and on all but every ``distill.composer_every``-th step);
 6. dual update of β with the Δ of phase 3 (E5).
 
 The student is a separate trainable copy of the base; the teacher is the base inside the composer's
@@ -85,7 +85,8 @@ class LOPDTrainer(BankDistiller):
         # 2–3. Latents c_φ (spec step 3) and teacher scoring, no grad (spec step 4). Without LoRA
         # dropout the composer's forward is the same in both phases: it runs once, with grad, and
         # phase 3 reads it detached (the encoder is most of a step's cost).
-        reuse = self.opt_composer is not None and p.composer.lora_dropout == 0.0
+        update_phi = self.opt_composer is not None and step % d.composer_every == 0
+        reuse = update_phi and p.composer.lora_dropout == 0.0
         with self.timer("teacher_scoring"):
             latents_phi_BLD = self.composer(texts, exps) if reuse else None
             with torch.no_grad():
@@ -105,7 +106,7 @@ class LOPDTrainer(BankDistiller):
 
         # 5. Composer update on the Lagrangian, same support ids, student detached (E4).
         out = {"kl": kl_value, "delta": delta, "margin_violation": d.margin - delta, "student_grad_norm": student_norm}
-        if self.opt_composer is not None:
+        if update_phi:
             with self.timer("composer_update"):
                 anchor_BLD = self.anchor.latents(texts, exps)  # c_φ₀ on the same inputs (eval mode: no dropout)
                 self.composer.train()  # encoder LoRA dropout, if composer.lora_dropout > 0
@@ -114,12 +115,13 @@ class LOPDTrainer(BankDistiller):
                 kl_phi = masked_mean(topm_kl_per_token(s_logp_BTV.detach().gather(-1, ids_BTM), t_phi.topm_logp_BTM), mask_BT)  # E1
                 delta_phi = trajectory_margin(privilege(t_phi.token_logp_BT, s_tok_BT, mask_BT), reward_B, mask_BT)  # Δ(φ), E2–E3
                 anchor = latent_anchor(latents_BLD, anchor_BLD)  # ‖c_φ − c_φ₀‖²
-                loss_phi = composer_lagrangian(kl_phi * w_tok, delta_phi * w_tok, self.beta, d.margin, anchor * w_traj, d.anchor_lambda)  # E4
+                loss_phi = composer_lagrangian(kl_phi * w_tok, delta_phi * w_tok, self.beta, d.margin, anchor * w_traj, d.anchor_lambda,
+                                               d.composer_kl_weight)  # E4 (weight 1 = spec)
                 out["composer_grad_norm"] = self.opt_composer.step(loss_phi)
                 self.composer.eval()
                 # the rank average of the weighted L_φ is the global L_φ (β·m is the same on every rank)
                 out.update(anchor=self.dp.average(anchor.item(), w_traj), composer_loss=self.dp.average(loss_phi.item(), 1.0))
-        else:
+        elif self.opt_composer is None:
             out.update(anchor=0.0)  # φ = φ₀ by construction
 
         # 6. Dual ascent on β with this step's Δ (E5).

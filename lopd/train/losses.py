@@ -133,10 +133,40 @@ def latent_anchor(latents_BKD: Tensor, anchor_latents_BKD: Tensor) -> Tensor:
 
 
 def composer_lagrangian(
-    kl: Tensor, margin_delta: Tensor, beta: float, margin: float, anchor: Tensor, anchor_lambda: float
+    kl: Tensor, margin_delta: Tensor, beta: float, margin: float, anchor: Tensor, anchor_lambda: float, kl_weight: float = 1.0
 ) -> Tensor:
-    """L_φ = KL + β·(m − Δ(φ)) + λ·‖c_φ − c_φ₀‖² (spec: composer objective). All inputs scalars."""
-    return kl + beta * (margin - margin_delta) + anchor_lambda * anchor
+    """L_φ = w·KL + β·(m − Δ(φ)) + λ·‖c_φ − c_φ₀‖² (spec: composer objective, w = 1). All inputs scalars.
+
+    ``kl_weight`` w = 0 drops the KL term: minimised over φ it pulls the teacher towards the
+    student, which is the opposite of keeping a margin (``distill.composer_kl_weight``).
+    """
+    return kl_weight * kl + beta * (margin - margin_delta) + anchor_lambda * anchor
+
+
+# ----------------------------------------------------------------------------- cold start
+
+
+def text_to_latent_kl(text_logp_BTM: Tensor, latent_logp_BTM: Tensor, mask_BT: Tensor) -> Tensor:
+    """Scalar KL(T_text ‖ T_latent) per action token, on the text teacher's top-M + tail.
+
+    ``text_logp_BTM``: the frozen base with the experiences written as text (the target, detached
+    here); ``latent_logp_BTM``: the same base with the composer's latents, gathered at the same ids.
+    Forward KL, so the latents must cover every action the text teacher finds likely.
+    """
+    return masked_mean(topm_kl_per_token(text_logp_BTM.detach(), latent_logp_BTM), mask_BT)
+
+
+def cold_start_loss(
+    nll: Tensor | None, text_kl: Tensor | None, objective: Literal["nll", "text_kl", "mix"], kl_weight: float
+) -> Tensor:
+    """The cold-start objective: the paper's NLL, the text KL, or ``nll + kl_weight·text_kl``. Scalars."""
+    if objective == "nll":
+        return nll
+    if objective == "text_kl":
+        return text_kl
+    if objective == "mix":
+        return nll + kl_weight * text_kl
+    raise ValueError(f"cold_start.objective = {objective!r}: allowed nll, text_kl, mix")
 
 
 def dual_update(beta: float, margin: float, margin_delta: float | Tensor, eta_beta: float) -> float:
@@ -147,15 +177,17 @@ def dual_update(beta: float, margin: float, margin_delta: float | Tensor, eta_be
 # ----------------------------------------------------------------------------- GRPO baseline
 
 
-def grpo_advantages(reward_NG: Tensor, eps: float = 1e-4) -> Tensor:
+def grpo_advantages(reward_NG: Tensor, eps: float = 1e-4, scale: Literal["group", "none"] = "group") -> Tensor:
     """Group-normalised advantages (r − mean_group) / (std_group + eps), ``(N, G)`` → ``(N, G)``.
 
     One row per task, one column per rollout. The std is the unbiased sample std, as in TRL's
-    GRPOTrainer; a group whose rewards are all equal gets advantage 0.
+    GRPOTrainer; a group whose rewards are all equal gets advantage 0. ``scale="none"`` keeps
+    r − mean_group unscaled (Dr. GRPO: the std division over-weights near-unanimous groups).
     """
-    mean_N1 = reward_NG.mean(dim=1, keepdim=True)
-    std_N1 = reward_NG.std(dim=1, keepdim=True)
-    return (reward_NG - mean_N1) / (std_N1 + eps)
+    if scale not in ("group", "none"):
+        raise ValueError(f"grpo.scale_rewards = {scale!r}: allowed group, none")
+    centred_NG = reward_NG - reward_NG.mean(dim=1, keepdim=True)
+    return centred_NG / (reward_NG.std(dim=1, keepdim=True) + eps) if scale == "group" else centred_NG
 
 
 def grpo_policy_loss(

@@ -70,6 +70,44 @@ def test_cold_start_lowers_teacher_nll_and_never_touches_the_backbone(repo):
     assert set(timer.per_step_ms()) == {"encoder", "resampler", "teacher_forward", "backward"}
 
 
+@pytest.mark.parametrize("objective", ["text_kl", "mix"])
+def test_text_kl_cold_start_moves_the_latent_teacher_towards_the_text_teacher(repo, objective):
+    p = _params(repo, **{"cold_start.objective": objective, "cold_start.kl_weight": 2.0, "cold_start.lr_schedule": "cosine"})
+    tok = tiny_tokenizer()
+    tasks = make_tasks("train", 8)
+    bank = _expert_bank(tasks)
+    targets = [replay_entry(tok, t, s, 8, 0.8) for t, s in zip(tasks, bank.steps_json)]
+    targets[0].reward, targets[0].success = 0.0, False  # failures are trained on too (KL), never as NLL targets
+    composer = Composer.build(tiny_model(), tok, p.composer, seed=0)
+    retriever = retriever_for(bank)
+    exps = [[x["lite_text"] for x in hits] for hits in retriever.retrieve_batch([e.task for e in targets], p.retrieval.n_ret)]
+
+    def kl_now() -> float:
+        with torch.no_grad():
+            return cold_start.batch_loss(p.model_copy(update={"cold_start": p.cold_start.model_copy(update={"objective": "text_kl"})}),
+                                         composer, tok, targets, exps, cold_start.Timer())[1]["text_kl"]
+
+    before = kl_now()
+    losses, timer = cold_start.train(p, composer, tok, targets, retriever)
+    if objective == "text_kl":
+        assert kl_now() < before  # the latents now say more of what the text says
+    else:  # on a random tiny model the KL is ~1e-6 beside the NLL: the sum is what falls
+        assert losses[-1] < losses[0]
+    assert "text_teacher" in timer.per_step_ms()
+    _, parts = cold_start.batch_loss(p, composer, tok, targets[:1], exps[:1], cold_start.Timer())
+    if objective == "mix":  # the one failure alone: no NLL target, only the KL
+        assert parts["nll"] == 0.0 and parts["text_kl"] > 0
+    else:
+        assert set(parts) == {"text_kl"}
+
+
+def test_lr_schedule_warms_up_then_decays_to_zero():
+    f = cold_start.lr_lambda("cosine", 100)
+    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0) and f(10) == pytest.approx(1.0)
+    assert f(55) == pytest.approx(0.5) and f(100) == pytest.approx(0.0, abs=1e-12)
+    assert cold_start.lr_lambda("constant", 100)(57) == 1.0
+
+
 def test_privilege_metrics_are_finite_and_weighted_by_outcome(repo):
     p = _params(repo, **{"cold_start.epochs": 1})
     tok = tiny_tokenizer()
@@ -80,7 +118,7 @@ def test_privilege_metrics_are_finite_and_weighted_by_outcome(repo):
     composer = Composer.build(tiny_model(), tok, p.composer, seed=0)
     m = cold_start.privilege_metrics(p, composer, tiny_model(), tok, dev_eps, retriever_for(bank), bank)
     assert m["n_dev_successes"] == 3 and m["n_dev_episodes"] == 4
-    for key in ("nll_no_latents", "nll_random_latents", "nll_retrieved_latents", "delta_mean"):
+    for key in ("nll_no_latents", "nll_random_latents", "nll_retrieved_latents", "nll_retrieved_text", "delta_mean"):
         assert m[key] == pytest.approx(m[key]) and abs(m[key]) < 50  # finite
     # Without latents the teacher is the student: an untrained composer still changes the prompt,
     # so the no-latent NLL (the bare student) differs from the latent ones.

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lopd.train.losses import (
+    cold_start_loss,
     composer_kl_loss,
     composer_lagrangian,
     dual_update,
@@ -17,6 +18,7 @@ from lopd.train.losses import (
     privilege,
     student_kl_loss,
     tail_bucket,
+    text_to_latent_kl,
     topm_kl_per_token,
     topm_reverse_kl,
     topm_reverse_kl_per_token,
@@ -125,6 +127,39 @@ def test_lagrangian_and_anchor_value():
     assert torch.allclose(c.grad, torch.full_like(c, 0.2 * 2.0 / 2))  # λ · 2(c − c0) / (B·K)
 
 
+def test_lagrangian_kl_weight_zero_drops_the_kl_term():
+    kl = torch.tensor(0.3, requires_grad=True)
+    loss = composer_lagrangian(kl, torch.tensor(0.01), beta=2.0, margin=0.05, anchor=torch.tensor(3.0), anchor_lambda=0.2, kl_weight=0.0)
+    assert loss.item() == pytest.approx(2.0 * (0.05 - 0.01) + 0.2 * 3.0)
+    loss.backward()
+    assert kl.grad.item() == 0.0  # the teacher is no longer pulled towards the student
+    half = composer_lagrangian(torch.tensor(0.3), torch.tensor(0.01), 2.0, 0.05, torch.tensor(3.0), 0.2, kl_weight=0.5)
+    assert half.item() == pytest.approx(0.15 + 2.0 * 0.04 + 0.6)
+
+
+def test_text_to_latent_kl_is_the_forward_kl_from_the_text_teacher():
+    p_text, p_lat = [0.6, 0.3, 0.1], [0.2, 0.5, 0.3]
+    text, lat = logp(*p_text), logp(*p_lat).requires_grad_(True)
+    ids = torch.tensor([[[0, 1, 2]]])
+    kl = text_to_latent_kl(text.gather(-1, ids), lat.gather(-1, ids), torch.ones(1, 1))
+    assert kl.item() == pytest.approx(exact_kl(p_text, p_lat), abs=1e-6)  # KL(text ‖ latent), not the reverse
+    assert kl.item() != pytest.approx(exact_kl(p_lat, p_text), abs=1e-3)
+    # on a top-2 support the rest is one tail bin: (0.6, 0.3, 0.1) against (0.2, 0.5, 0.3)
+    top2 = text_to_latent_kl(text[..., :2], lat[..., :2], torch.ones(1, 1))
+    assert top2.item() == pytest.approx(exact_kl(p_text, p_lat), abs=1e-6)  # the tail bin is token 2 exactly
+    kl.backward()
+    assert lat.grad.abs().sum() > 0  # the latent side learns; the text side is a fixed target
+
+
+def test_cold_start_loss_objectives():
+    nll, kl = torch.tensor(0.5), torch.tensor(0.2)
+    assert cold_start_loss(nll, None, "nll", 2.0).item() == 0.5
+    assert cold_start_loss(None, kl, "text_kl", 2.0).item() == pytest.approx(0.2)
+    assert cold_start_loss(nll, kl, "mix", 2.0).item() == pytest.approx(0.5 + 2.0 * 0.2)  # xRAG's weight 2
+    with pytest.raises(ValueError, match="cold_start.objective"):
+        cold_start_loss(nll, kl, "autoencode", 1.0)
+
+
 def test_dual_update_ascends_and_clips_at_zero():
     assert dual_update(0.1, margin=0.05, margin_delta=0.0, eta_beta=0.5) == pytest.approx(0.125)
     assert dual_update(0.1, margin=0.05, margin_delta=0.5, eta_beta=0.5) == 0.0  # 0.1 − 0.225 < 0
@@ -137,6 +172,9 @@ def test_grpo_advantages_by_hand():
     assert torch.allclose(adv[0], torch.tensor([0.5, -0.5, 0.5, -0.5]) / std)
     assert adv[1].abs().max().item() == 0.0  # equal rewards → no signal
     assert torch.isfinite(grpo_advantages(torch.ones(1, 3))).all()
+    # Dr. GRPO: centred only, so a 1-of-4 group and a 2-of-4 group keep their reward scale
+    dr = grpo_advantages(torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 1.0, 0.0]]), scale="none")
+    assert torch.allclose(dr, torch.tensor([[0.75, -0.25, -0.25, -0.25], [0.5, -0.5, 0.5, -0.5]]))
 
 
 def test_grpo_policy_loss_clips_the_ratio():
