@@ -168,6 +168,27 @@ def test_frozen_composer_keeps_phi_bitwise_and_still_trains_the_student(project)
     assert m["anchor"] == 0.0 and "composer_loss" not in m
 
 
+def test_composer_every_k_updates_phi_only_on_every_kth_step(project):
+    p = with_params(project, "distill.composer_every=2")
+    tr = lopd_trainer(p)
+    phi = [snapshot(tr.composer.trainable_named_parameters().items())]
+    metrics = []
+    for step in range(3):
+        metrics.append(tr.step(step, *lopd_batch(p, tr, step)))
+        phi.append(snapshot(tr.composer.trainable_named_parameters().items()))
+    assert not same(phi[0], phi[1]) and same(phi[1], phi[2]) and not same(phi[2], phi[3])  # steps 0 and 2 update φ
+    assert ["composer_loss" in m for m in metrics] == [True, False, True]
+    assert all(m["kl"] > 0 for m in metrics)  # the student learns on every step
+
+
+def test_composer_kl_weight_zero_leaves_only_margin_and_anchor(project):
+    p = with_params(project, "distill.composer_kl_weight=0", "distill.beta0=2.0")
+    tr = lopd_trainer(p)
+    m = tr.step(0, *lopd_batch(p, tr))
+    # step 0 starts at φ = φ₀ (anchor 0): L_φ = β(m − Δ(φ)) with Δ(φ) = the Δ the teacher scored (same φ, same batch)
+    assert m["composer_loss"] == pytest.approx(2.0 * (p.distill.margin - m["delta"]), abs=1e-5)
+
+
 def test_margin_zero_and_student_support_paths(project):
     p = with_params(project, "distill.margin=0", "distill.kl_support=student", "distill.beta0=0.3")
     tr = lopd_trainer(p)
