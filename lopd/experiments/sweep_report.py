@@ -37,7 +37,7 @@ DYNAMICS = (("beta", "β (dual variable)"), ("delta", "Δ: trajectory margin (na
             ("margin_violation", "margin violation m − Δ"))
 COLORS = {"lopd": "C0", "opsd": "C1", "grpo": "C2", "sft": "C3", "vanilla": "gray"}
 IGNORED_PARAM_PREFIXES = ("paths.", "tracking.", "distill.methods", "sweep.")
-FINAL_WINDOW = 5  # "at the end" = the mean of the last 5 steps of each seed (one step's Δ is noisy)
+FINAL_WINDOW = 10  # "at the end" = the last 10 steps of each seed (one step's Δ is noisy)
 
 
 # ----------------------------------------------------------------------------- reading sweeps
@@ -87,17 +87,19 @@ def efficiency_summary(details: Mapping[int, Mapping], ci: float) -> dict:
 
 
 def dynamics_final(details: Mapping[int, Mapping], ci: float, method: str = "lopd") -> dict:
-    """β, Δ, KL and margin violation of ``method`` at the end (mean of each seed's last :data:`FINAL_WINDOW` steps), over seeds."""
+    """β, Δ, KL and margin violation of ``method`` at the end, over seeds: each seed's mean over its last
+    :data:`FINAL_WINDOW` steps (``values``, aggregated) and its lowest step there (``min_per_seed``)."""
     out = {}
     for key, _ in DYNAMICS:
-        vals = []
+        vals, lows = [], []
         for d in details.values():
             tail = [h.get(key) for h in (d.get(method, {}).get("history") or [])[-FINAL_WINDOW:]]
             tail = [v for v in tail if v is not None]
             if tail:
                 vals.append(sum(tail) / len(tail))
+                lows.append(min(tail))
         if vals:
-            out[key] = {**aggregate(vals, ci), "values": vals}
+            out[key] = {**aggregate(vals, ci), "values": vals, "min_per_seed": lows}
     return out
 
 
@@ -235,11 +237,17 @@ def report_markdown(sweep: Mapping, eff: Mapping, dyn: Mapping, ablations: Seque
                 sep = intervals_separate(lop, other)
                 word = "n/a" if sep is None else ("yes" if sep else "no (they overlap)")
                 lines.append(f"- lopd {_f(lop['mean'])} vs {m} {_f(other['mean'])}: {word}")
+    all_seeds = sorted(int(k) for k in sweep["seeds"])
+
+    def seeds_note(ab) -> str:
+        seeds = ab.get("seeds") or all_seeds
+        return "" if seeds == all_seeds else f", seeds {', '.join(map(str, seeds))}"
+
     rows = [("lopd (main)", sweep["aggregate"].get("lopd", {}), dyn)] + [
-        (f"lopd · {ab['name']} ({', '.join(f'{k}={v}' for k, v in ab['changed'].items()) or 'same params'})",
+        (f"lopd · {ab['name']} ({', '.join(f'{k}={v}' for k, v in ab['changed'].items()) or 'same params'}{seeds_note(ab)})",
          ab["aggregate"].get("lopd", {}), ab["dynamics_final"]) for ab in ablations]
     if ablations:
-        lines += ["", "## Ablations (LOPD, same seeds)", "",
+        lines += ["", "## Ablations (LOPD; a row over fewer seeds has the main run over the same seeds beside it)", "",
                   f"| run | test success | test reward | final dev success | Δ, last {FINAL_WINDOW} steps | KL, last {FINAL_WINDOW} steps | β, last {FINAL_WINDOW} steps |",
                   "|---|---|---|---|---|---|---|"]
         for label, a, d in rows:
@@ -302,15 +310,23 @@ def build(p: Params, ablations: Sequence[str] = (), name: str = "sweep", log_to_
                                    keys=("delta", "kl"), method_of={"opsd (text)": "opsd"}))
 
     abl_records, abl_details = [], {}
+    per_seed_main = {m: {int(k): v for k, v in by.items()} for m, by in sweep["per_seed"].items()}
     for ref in ablations:
         path = _ablation_path(root, ref)
         ab, ab_details = seed_details(path)
-        if sorted(ab["seeds"]) != sorted(sweep["seeds"]):
-            raise ValueError(f"sweep report: ablation {path} ran seeds {ab['seeds']}, the main sweep {sweep['seeds']}; use the same seeds")
+        if not set(ab["seeds"]) <= set(sweep["seeds"]):
+            raise ValueError(f"sweep report: ablation {path} ran seeds {ab['seeds']}, the main sweep {sweep['seeds']}; "
+                             "use the main sweep's seeds or a subset of them")
+        subset = sorted(int(k) for k in ab["seeds"])
+        if subset != sorted(int(k) for k in sweep["seeds"]) and not any(r.get("seeds") == subset and r["name"] == "main" for r in abl_records):
+            # the main run over the ablation's seeds only, so that the rows compare like with like
+            abl_records.append({"name": "main", "seeds": subset, "changed": {}, "source": str(sweep_json.name),
+                                "aggregate": aggregate_table({"lopd": {k: per_seed_main["lopd"][k] for k in subset}}, ci),
+                                "dynamics_final": dynamics_final({k: details[k] for k in subset}, ci), "parent_run_id": sweep.get("parent_run_id")})
         abl_details[ab["name"]] = ab_details
         abl_records.append({"name": ab["name"], "source": str(path.relative_to(root)) if path.is_relative_to(root) else path.name,
                             "changed": changed_params(main_params, _mlflow_params(uri, ab, path)), "aggregate": ab["aggregate"],
-                            "dynamics_final": dynamics_final(ab_details, ci), "parent_run_id": ab["parent_run_id"]})
+                            "dynamics_final": dynamics_final(ab_details, ci), "parent_run_id": ab["parent_run_id"], "seeds": subset})
     if abl_details:
         plots.append(plot_dynamics({"lopd (main)": details, **abl_details}, plots_dir / "ablation_dynamics.png", keys=("delta", "kl", "beta")))
 

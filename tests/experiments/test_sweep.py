@@ -282,15 +282,20 @@ def test_an_ablation_sweep_joins_the_report_with_what_it_changed(swept, repo, ca
     overrides = [f"paths.root={p.root()}", f"tracking.tracking_uri={p.tracking.tracking_uri}", *FAST]
     sets = [a for o in overrides for a in ("--set", o)]
     common = ["--params", str(repo / "params.yaml"), "--profile", "smoke", *sets]
-    assert main(["-q", "sweep", *common, "--seeds", "0,1", "--methods", "lopd", "--name", "margin0", "--set", "distill.margin=0"]) == 0
+    # an ablation over a subset of the main seeds (seed 1 only): the report adds the main run over that subset
+    assert main(["-q", "sweep", *common, "--seeds", "1", "--methods", "lopd", "--name", "margin0", "--set", "distill.margin=0"]) == 0
     assert (p.root() / "runs" / "margin0" / "seed1" / "metrics" / "distill.json").exists()
     assert main(["-q", "sweep-report", *common, "--ablation", "margin0"]) == 0
     out = json.loads((p.root() / "metrics" / "sweep.json").read_text())
-    (ab,) = out["ablations"]
-    assert ab["name"] == "margin0" and ab["changed"] == {"distill.margin": "0.0"}
-    assert ab["aggregate"]["lopd"]["test_success_rate"]["n"] == 2 and ab["dynamics_final"]["delta"]["n"] == 2
+    same_seeds, ab = out["ablations"]
+    assert ab["name"] == "margin0" and ab["changed"] == {"distill.margin": "0.0"} and ab["seeds"] == [1]
+    assert ab["aggregate"]["lopd"]["test_success_rate"]["n"] == 1 and ab["dynamics_final"]["delta"]["n"] == 1
+    main_seed1 = out["per_seed"]["lopd"]["1"]["test_success_rate"]
+    assert same_seeds["name"] == "main" and same_seeds["seeds"] == [1] and same_seeds["changed"] == {}
+    assert same_seeds["aggregate"]["lopd"]["test_success_rate"]["mean"] == pytest.approx(main_seed1)
     assert (p.root() / "metrics" / "plots" / "ablation_dynamics.png").exists()
-    assert "lopd · margin0 (distill.margin=0.0)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "lopd · margin0 (distill.margin=0.0, seeds 1)" in printed and "lopd · main (same params, seeds 1)" in printed
     assert main(["-q", "sweep-report", *common, "--ablation", "nope"]) == 1
     assert "nope.json" in capsys.readouterr().err
 
