@@ -45,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(report)
     report.add_argument("--name", default="sweep", help="the main sweep's name (default: sweep)")
     report.add_argument("--ablation", action="append", default=[], metavar="NAME|JSON",
-                        help="an ablation sweep over the same seeds: its --name under this root, or the path to its metrics json (repeatable)")
+                        help="an ablation sweep over the same seeds or a subset: its --name under this root, or the path to its metrics json (repeatable)")
+    report.add_argument("--join", action="append", default=[], metavar="NAME|JSON",
+                        help="another sweep of the same methods and params over other seeds (run beside this one), whose seeds join this sweep's (repeatable)")
     ui = sub.add_parser("ui", help="print the MLflow UI's links (runs table, newest pipeline run and sweep), then serve the UI over the project store")
     _common(ui)
     ui.add_argument("--host", default="127.0.0.1", help="address to serve on (default: 127.0.0.1)")
@@ -118,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         from lopd.experiments import sweep_report
 
         try:
+            if args.join:
+                sweep_report.join(params, args.name, args.join)
             sweep_report.build(params, args.ablation, args.name)
         except (FileNotFoundError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)

@@ -57,8 +57,10 @@ def seed_details(sweep_json: Path) -> tuple[dict, dict[int, dict]]:
     """
     sweep = read_json(sweep_json)
     out, per_seed = {}, {}
+    seed_dirs = sweep.get("seed_dirs", {})  # seeds joined from another sweep (``join``) live under its runs/<name>
     for k in sweep["seeds"]:
-        metrics = sweep_dir(sweep_json, sweep) / f"seed{k}" / "metrics"
+        seed_root = sweep_json.parent.parent / seed_dirs[str(k)] if str(k) in seed_dirs else sweep_dir(sweep_json, sweep) / f"seed{k}"
+        metrics = seed_root / "metrics"
         for name in ("distill.json", "evaluate.json"):
             if not (metrics / name).exists():
                 raise FileNotFoundError(f"sweep report: {metrics / name} is missing; the sweep {sweep_json} did not finish seed {k}")
@@ -272,6 +274,46 @@ def _mlflow_params(uri: str, sweep: Mapping, sweep_json: Path | None = None) -> 
         except MlflowException:
             continue
     raise FileNotFoundError(f"sweep report: the MLflow parent run {sweep['parent_run_id']} of {sweep_json} is in none of {', '.join(uris)}")
+
+
+def join(p: Params, name: str, others: Sequence[str]) -> dict:
+    """Fold the seeds of the sweeps ``others`` into ``metrics/<name>.json``: one sweep's seeds run as
+    several processes or on several machines (``lopd sweep --seeds 3,4 --name sweep-b``).
+
+    Each must have run the same methods with the same params (MLflow's logged params, seeds aside)
+    and seeds the main sweep does not have; its seeds keep their folders (``runs/<other>/seed<k>``)
+    and its parent run is recorded under ``joined``. The file is rewritten atomically, after every check.
+    """
+    from lopd.ops.tracking import tracking_uri
+
+    root, uri = p.root(), tracking_uri(p)
+    sweep_json = root / "metrics" / f"{name}.json"
+    if not sweep_json.exists():
+        raise FileNotFoundError(f"sweep report: no {sweep_json}; run `lopd sweep` first")
+    sweep = read_json(sweep_json)
+    main_params = _mlflow_params(uri, sweep)
+    for other in others:
+        path = _ablation_path(root, other)
+        if not path.exists():
+            raise FileNotFoundError(f"sweep report: --join {other}: no {path}; run `lopd sweep --name {other}` first")
+        rec = read_json(path)
+        dirs = {str(k): str((sweep_dir(path, rec) / f"seed{k}").relative_to(root)) for k in rec["seeds"]}
+        if all(sweep.get("seed_dirs", {}).get(k) == d for k, d in dirs.items()):
+            continue  # joined already (a report run again)
+        if sorted(rec["methods"]) != sorted(sweep["methods"]):
+            raise ValueError(f"sweep report: --join {other} ran methods {rec['methods']}, {name} {sweep['methods']}; join sweeps of the same methods")
+        clash = sorted(set(map(int, rec["seeds"])) & set(map(int, sweep["seeds"])))
+        if clash:
+            raise ValueError(f"sweep report: --join {other} ran seeds {clash} that {name} already has")
+        changed = changed_params(main_params, _mlflow_params(uri, rec, path))
+        if changed:
+            raise ValueError(f"sweep report: --join {other} ran other params ({', '.join(f'{k}={v}' for k, v in changed.items())}); "
+                             "an ablation goes in with --ablation")
+        sweep.setdefault("seed_dirs", {}).update(dirs)
+        sweep["seeds"] = sorted(set(map(int, sweep["seeds"])) | set(map(int, rec["seeds"])))
+        sweep.setdefault("joined", []).append({"name": rec["name"], "seeds": rec["seeds"], "parent_run_id": rec["parent_run_id"]})
+    write_json(sweep_json, sweep)
+    return sweep
 
 
 def _ablation_path(root: Path, ref: str) -> Path:

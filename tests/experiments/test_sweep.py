@@ -325,3 +325,26 @@ def test_prefect_flow_calls_the_sweep(swept, repo):
     assert out["shared_stages_run"] == [] and out["parent_run_id"] != first["parent_run_id"]
     assert len(_children(p, out["parent_run_id"])) == 1
     assert set(out["per_seed"]["vanilla"]["2"]) == set(tables.METRICS)
+
+
+@pytest.mark.slow
+def test_sweeps_over_other_seeds_join_one_report_and_other_params_are_refused(swept, repo, capsys):
+    """One sweep's seeds run as two processes (``--name sweep-b``) fold into one table; a changed param is refused."""
+    p, _ = swept
+    overrides = [f"paths.root={p.root()}", f"tracking.tracking_uri={p.tracking.tracking_uri}", *FAST]
+    common = ["--params", str(repo / "params.yaml"), "--profile", "smoke", *[a for o in overrides for a in ("--set", o)]]
+    for name, seeds, extra in (("parta", "0", []), ("partb", "1,2", []), ("partc", "3", ["--set", "rollout.temperature=0.5"])):
+        assert main(["-q", "sweep", *common, "--seeds", seeds, "--methods", "vanilla", "--name", name, *extra]) == 0
+    capsys.readouterr()
+    assert main(["-q", "sweep-report", *common, "--name", "parta", "--join", "partb"]) == 0
+    joined = json.loads((p.root() / "metrics" / "parta.json").read_text())
+    assert joined["seeds"] == [0, 1, 2] and joined["seed_dirs"] == {"1": "runs/partb/seed1", "2": "runs/partb/seed2"}
+    assert joined["aggregate"]["vanilla"]["test_success_rate"]["n"] == 3
+    partb = json.loads((p.root() / "metrics" / "partb.json").read_text())
+    assert joined["per_seed"]["vanilla"]["2"] == partb["per_seed"]["vanilla"]["2"]
+    assert "seeds 0, 1, 2" in (p.root() / "metrics" / "parta.md").read_text()
+    assert main(["-q", "sweep-report", *common, "--name", "parta", "--join", "partb"]) == 0  # a second report: joined already
+    assert json.loads((p.root() / "metrics" / "parta.json").read_text())["seeds"] == [0, 1, 2]
+    assert main(["-q", "sweep-report", *common, "--name", "parta", "--join", "partc"]) == 1
+    assert "ran other params (rollout.temperature=0.5)" in capsys.readouterr().err
+    assert json.loads((p.root() / "metrics" / "parta.json").read_text())["seeds"] == [0, 1, 2]  # nothing written
