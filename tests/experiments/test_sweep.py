@@ -333,7 +333,7 @@ def test_sweeps_over_other_seeds_join_one_report_and_other_params_are_refused(sw
     p, _ = swept
     overrides = [f"paths.root={p.root()}", f"tracking.tracking_uri={p.tracking.tracking_uri}", *FAST]
     common = ["--params", str(repo / "params.yaml"), "--profile", "smoke", *[a for o in overrides for a in ("--set", o)]]
-    for name, seeds, extra in (("parta", "0", []), ("partb", "1,2", []), ("partc", "3", ["--set", "rollout.temperature=0.5"])):
+    for name, seeds, extra in (("parta", "0", []), ("partb", "1,2", []), ("partc", "3", ["--set", "evaluate.samples_per_task=2"])):
         assert main(["-q", "sweep", *common, "--seeds", seeds, "--methods", "vanilla", "--name", name, *extra]) == 0
     capsys.readouterr()
     assert main(["-q", "sweep-report", *common, "--name", "parta", "--join", "partb"]) == 0
@@ -346,5 +346,5 @@ def test_sweeps_over_other_seeds_join_one_report_and_other_params_are_refused(sw
     assert main(["-q", "sweep-report", *common, "--name", "parta", "--join", "partb"]) == 0  # a second report: joined already
     assert json.loads((p.root() / "metrics" / "parta.json").read_text())["seeds"] == [0, 1, 2]
     assert main(["-q", "sweep-report", *common, "--name", "parta", "--join", "partc"]) == 1
-    assert "ran other params (rollout.temperature=0.5)" in capsys.readouterr().err
+    assert "ran other params (evaluate.samples_per_task=2)" in capsys.readouterr().err
     assert json.loads((p.root() / "metrics" / "parta.json").read_text())["seeds"] == [0, 1, 2]  # nothing written
