@@ -203,7 +203,8 @@ def privilege_metrics(
     retrieved_wins = [[x["lite_text"] for x in hits] for hits in retriever.retrieve_batch([e.task for e in wins], p.retrieval.n_ret)] if wins else []
     lite = bank["lite_text"].tolist()
 
-    def nll(episodes, exps) -> float:
+    def nll(episodes, exps, as_text: bool = False) -> float:
+        """NLL per action token: the bare base (``exps`` None), the teacher with ``exps``' latents, or with them as text."""
         if not episodes:
             return float("nan")
         total, count = 0.0, 0
@@ -212,21 +213,12 @@ def privilege_metrics(
             if exps is None:
                 ids_BT, attn_BT, mask_BT = (t.to(device) for t in student_batch(chunk, tokenizer.pad_token_id))
                 _, logp_BT = token_logprobs(student, ids_BT, attn_BT, mask_BT)
+            elif as_text:
+                logp_BT = text_teacher(composer, tokenizer, chunk, exps[i : i + len(chunk)], top_m=None).token_logp_BT
+                mask_BT = student_batch(chunk, tokenizer.pad_token_id)[2].to(device)
             else:
                 logp_BT, mask_BT = teacher_token_logp(composer, tokenizer, chunk, exps[i : i + len(chunk)], p)
-            total -= float(logp_BT[mask_BT].sum())
-            count += int(mask_BT.sum())
-        return total / count
-
-    def nll_text(episodes, exps) -> float:
-        if not episodes:
-            return float("nan")
-        total, count = 0.0, 0
-        for i in range(0, len(episodes), p.cold_start.batch_size):
-            chunk = episodes[i : i + p.cold_start.batch_size]
-            t = text_teacher(composer, tokenizer, chunk, exps[i : i + len(chunk)], top_m=None)
-            mask_BT = student_batch(chunk, tokenizer.pad_token_id)[2].bool().to(device)
-            total -= float(t.token_logp_BT[mask_BT].sum())
+            total -= float(logp_BT[mask_BT.bool()].sum())
             count += int(mask_BT.sum())
         return total / count
 
@@ -238,7 +230,7 @@ def privilege_metrics(
         "nll_no_latents": nll(wins, None),
         "nll_random_latents": nll(wins, random_exps),
         "nll_retrieved_latents": nll(wins, retrieved_wins),
-        "nll_retrieved_text": nll_text(wins, retrieved_wins),
+        "nll_retrieved_text": nll(wins, retrieved_wins, as_text=True),
     }
     # Δ on fresh student rollouts, successes and failures alike (A(τ) = 2r − 1).
     deltas = []
