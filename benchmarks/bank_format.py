@@ -21,7 +21,7 @@ import pandas as pd
 from lopd import layout
 from lopd.config import load_params
 from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, run_episode
-from lopd.memory.lite import lite_text
+from lopd.envs.toolworld.lite import lite_text
 from lopd.policy.engine import split_tasks
 from lopd.stages.collect import ROLLOUTS_FILE
 

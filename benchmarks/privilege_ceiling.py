@@ -19,6 +19,7 @@ import torch
 
 from lopd import layout
 from lopd.config import load_params
+from lopd.envs.registry import get_environment
 from lopd.latent.composer import Composer
 from lopd.latent.teacher import teacher_logprobs
 from lopd.memory.retrieval import open_retriever
@@ -54,7 +55,7 @@ def main() -> None:
     model, tokenizer = load_policy(layout.policy_path(p), p.model.dtype)
     model.eval()
     tasks = split_tasks(p, "dev", p.privilege.dev_tasks)
-    episodes = [from_expert(tokenizer, e) for e in expert_episodes(tokenizer, tasks, p.env.max_turns, p.env.success_threshold) if e.success]
+    episodes = [from_expert(tokenizer, e) for e in expert_episodes(tokenizer, tasks, get_environment(p)) if e.success]
     retrieved = [[h["lite_text"] for h in hits] for hits in open_retriever(p).retrieve_batch([e.task for e in episodes], p.retrieval.n_ret)]
     ids_BT, _, mask_BT = student_batch(episodes, tokenizer.pad_token_id)
     L = n_latents(p)

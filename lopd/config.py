@@ -68,24 +68,51 @@ class BootstrapParams(_Section):
 
 
 class EnvParams(_Section):
+    name: str = Field("toolworld", description="Environment every stage plays: toolworld, code, bfcl_multi_turn, or your own as package.module:factory (docs/environments.md)")
     success_threshold: float = Field(0.8, ge=0.0, le=1.0, description="success = reward >= this and the agent finished (spec: 0.8)")
     max_turns: int = Field(8, ge=1, description="Assistant actions before the episode is cut")
-    families: list[str] | None = Field(None, description="ToolWorld families to use; null = all")
     task_seed: int = Field(0, description="Seed of the task generator (splits are disjoint for any seed)")
-    world_seed: int = Field(0, description="Seed of the world: which hidden conventions each app has")
-    pretrain_apps: int = Field(4, ge=0, le=8, description="Apps per family (of 8) the embedded base is pre-trained on; the others are new to it")
     n_train: int = Field(4000, ge=1, description="Train tasks generated")
     n_dev: int = Field(300, ge=1, description="Dev tasks (tuning only)")
     n_test: int = Field(300, ge=1, description="Test tasks (final evaluation only, never tuning)")
+    options: dict[str, Any] = Field({}, description="Params of your own environment (env.name = package.module:factory), which reads them as params.env.options")
+
+    @field_validator("name")
+    @classmethod
+    def _known_name(cls, v: str) -> str:
+        from lopd.envs.registry import check_name
+
+        return check_name(v)
+
+
+# ToolWorld's families (lopd.envs.toolworld.FAMILIES, listed here so that reading params imports no
+# environment; tests/envs/test_toolworld.py checks the two agree).
+TOOLWORLD_FAMILIES = ("banking", "calendar", "shop", "smarthome")
+
+
+class ToolWorldParams(_Section):
+    families: list[str] | None = Field(None, description="ToolWorld families to use; null = all")
+    world_seed: int = Field(0, description="Seed of the world: which hidden conventions each app has")
+    pretrain_apps: int = Field(4, ge=0, le=8, description="Apps per family (of 8) the embedded base is pre-trained on; the others are new to it")
 
     @field_validator("families")
     @classmethod
     def _known_families(cls, v: list[str] | None) -> list[str] | None:
-        from lopd.envs.toolworld import FAMILIES
-
-        unknown = sorted(set(v or []) - set(FAMILIES))
+        unknown = sorted(set(v or []) - set(TOOLWORLD_FAMILIES))
         if unknown or v == []:
-            raise ValueError(f"env.families = {v} is invalid: allowed families are {FAMILIES} (or null for all)")
+            raise ValueError(f"toolworld.families = {v} is invalid: allowed families are {list(TOOLWORLD_FAMILIES)} (or null for all)")
+        return v
+
+
+class BFCLParams(_Section):
+    category: str = Field("bfcl_multi_turn_base", description="env.name = bfcl_multi_turn: the BFCL v4 multi-turn category played (its test split)")
+
+    @field_validator("category")
+    @classmethod
+    def _known_category(cls, v: str) -> str:
+        allowed = [b for b in BENCHMARKS if b.startswith("bfcl_")]
+        if v not in allowed:
+            raise ValueError(f"bfcl.category = {v!r} is invalid: use one of {allowed}")
         return v
 
 
@@ -196,14 +223,15 @@ class GRPOParams(_Section):
 
 # What evaluate.benchmarks may name (lopd.envs.bfcl.data.CATEGORIES' keys, listed here so that reading
 # params does not import the BFCL environment; tests/envs/test_bfcl.py checks the two agree).
-BENCHMARKS = ("toolworld", "bfcl_multi_turn_base", "bfcl_multi_turn_long_context", "bfcl_multi_turn_miss_func", "bfcl_multi_turn_miss_param")
+BENCHMARKS = ("toolworld", "bfcl_multi_turn_base", "bfcl_multi_turn_long_context", "bfcl_multi_turn_miss_func", "bfcl_multi_turn_miss_param",
+              "humaneval")
 
 
 class EvaluateParams(_Section):
     n_tasks: int = Field(300, ge=1, description="Test tasks evaluated")
-    samples_per_task: int = Field(4, ge=1, description="k samples per task for the success estimate")
+    samples_per_task: int = Field(4, ge=1, description="k samples per task for the success estimate (and humaneval's pass@1)")
     ci: float = Field(0.95, gt=0.0, lt=1.0, description="Confidence level of reported intervals")
-    benchmarks: list[str] = Field(["toolworld"], description="Benchmarks every student is evaluated on: toolworld (the test split; always), plus any of bfcl_multi_turn_{base,long_context,miss_func,miss_param}")
+    benchmarks: list[str] = Field(["toolworld"], description="Benchmarks every student is evaluated on beside env.name's own test split (always evaluated; toolworld names it): any of bfcl_multi_turn_{base,long_context,miss_func,miss_param}, humaneval (pass@1 over all 164)")
     bfcl_n_tasks: int = Field(200, ge=1, description="Entries of each BFCL category evaluated (200 = all)")
 
     @field_validator("benchmarks")
@@ -211,9 +239,9 @@ class EvaluateParams(_Section):
     def _known_benchmarks(cls, v: list[str]) -> list[str]:
         allowed = list(BENCHMARKS)
         unknown = [b for b in v if b not in allowed]
-        if unknown or "toolworld" not in v or len(set(v)) != len(v):
-            raise ValueError(f"evaluate.benchmarks = {v} is invalid: list toolworld (always evaluated) and any of "
-                             f"{allowed[1:]}, each once, e.g. [toolworld, bfcl_multi_turn_base]")
+        if unknown or len(set(v)) != len(v):
+            raise ValueError(f"evaluate.benchmarks = {v} is invalid: list any of {allowed}, each once, "
+                             "e.g. [toolworld, bfcl_multi_turn_base] (env.name's own test split is always evaluated)")
         return v
 
 
@@ -265,6 +293,8 @@ class Params(_Section):
     model: ModelParams = ModelParams()
     bootstrap: BootstrapParams = BootstrapParams()
     env: EnvParams = EnvParams()
+    toolworld: ToolWorldParams = ToolWorldParams()
+    bfcl: BFCLParams = BFCLParams()
     rollout: RolloutParams = RolloutParams()
     collect: CollectParams = CollectParams()
     bank: BankParams = BankParams()

@@ -1,4 +1,5 @@
-"""The architecture, checked: no import cycles in ``lopd/``, and every import points down the layers.
+"""The architecture, checked: no import cycles in ``lopd/``, every import points down the layers, and
+no module outside ``lopd/envs/`` imports a concrete environment (``env.name`` picks one through the registry).
 
 Every ``import`` statement (module level or inside a function) is an edge. The layers, bottom to
 top, are :data:`LAYERS` (docs/architecture.md explains them); a module may import its own layer
@@ -76,7 +77,7 @@ def test_the_graph_sees_module_and_function_level_imports():
     assert "lopd.layout" in g["lopd.experiments.sweep"]  # `from lopd import layout`
     assert "lopd.policy.kv_backend" in g["lopd.policy.backends"]  # inside make_backend
     assert "lopd.memory.index" in g["lopd.memory.retrieval"]  # `from lopd.memory import index as faiss_index`
-    assert "lopd.envs.toolworld.protocol" in g["lopd.envs.toolworld.families.base"]  # `from ..protocol import ...`
+    assert "lopd.envs.protocol" in g["lopd.envs.toolworld.families.base"]  # `from ...protocol import ...`
 
 
 def test_no_import_cycles_in_lopd():
@@ -101,6 +102,27 @@ def test_the_layer_check_catches_an_upward_and_a_peer_import():
          "lopd.train.grpo": {"lopd.policy.scoring", "lopd.train.losses"}}
     assert upward_edges(g) == ["lopd.memory.bank (memory) -> lopd.latent.teacher (latent)",
                                "lopd.policy.rollout (policy) -> lopd.train.losses (train)"]
+
+
+# The environments every stage reaches only through lopd.envs.registry (env.name), never by import.
+CONCRETE_ENVS = ("lopd.envs.toolworld", "lopd.envs.bfcl", "lopd.envs.code")
+
+
+def concrete_env_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a concrete environment from outside ``lopd/envs/``, as ``a -> b``."""
+    return sorted(f"{src} -> {dst}" for src, targets in graph.items() if not src.startswith("lopd.envs.")
+                  for dst in targets if any(dst == c or dst.startswith(c + ".") for c in CONCRETE_ENVS))
+
+
+def test_no_module_outside_envs_imports_a_concrete_environment():
+    bad = concrete_env_imports(import_graph())
+    assert not bad, ("modules that import a concrete environment instead of asking lopd.envs.registry "
+                     "(get_environment / env.name):\n" + "\n".join(bad))
+
+
+def test_the_environment_check_catches_a_direct_import():
+    g = {"lopd.stages.collect": {"lopd.envs.toolworld.env", "lopd.envs.registry"}, "lopd.envs.bfcl.env": {"lopd.envs.toolworld.lite"}}
+    assert concrete_env_imports(g) == ["lopd.stages.collect -> lopd.envs.toolworld.env"]
 
 
 def layer_matrix(graph: dict[str, set[str]]) -> Counter:

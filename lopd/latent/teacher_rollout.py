@@ -92,7 +92,7 @@ class ContextEnv:
     (``text=None``: the student's prompt unchanged)."""
 
     def __init__(self, env, text: str | None):
-        self.env, self.text, self.task = env, text, env.task
+        self.env, self.text, self.task = env, text, getattr(env, "task", None)
 
     def initial_observation(self) -> list[dict]:
         messages = self.env.initial_observation()

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from lopd.memory.lite import lite_text
 from lopd.ops.validation import DataValidationError
 
 # The columns of a bank round file (what `collect` writes and the distillers append).
@@ -91,8 +90,9 @@ def read_bank(bank_dir: str | Path) -> pd.DataFrame:
     return bank.sort_values("bank_id", kind="stable").reset_index(drop=True)
 
 
-def bank_frame(trajs: Sequence, tasks_by_id: dict, policy: str, round_: int) -> pd.DataFrame:
-    """Bank rows (:data:`BANK_COLUMNS`) of the successful trajectories among ``trajs``, observation-lite."""
+def bank_frame(trajs: Sequence, tasks_by_id: dict, policy: str, round_: int, lite_text) -> pd.DataFrame:
+    """Bank rows (:data:`BANK_COLUMNS`) of the successful trajectories among ``trajs``, observation-lite
+    (``lite_text``: the environment's, ``lopd.envs.registry.Environment.lite_text``)."""
     rows = []
     for t in trajs:
         if not t.success:
@@ -179,20 +179,22 @@ def expert_top_up(p, bank: pd.DataFrame, round_: int = 0) -> pd.DataFrame:
     as in the paper; the entries carry ``model = "scripted-expert"``. Tasks already in the bank
     are skipped; train tasks only, in their deterministic order, so the result is reproducible.
     """
-    from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, run_episode
-    from lopd.policy.engine import split_tasks
+    from lopd.policy.engine import environment, split_tasks
 
     need = p.bank.expert_top_up - len(bank)
     if need <= 0:
         return bank
+    env = environment(p)
+    if env.expert is None:
+        raise BankError(f"bank.expert_top_up = {p.bank.expert_top_up}, but env.name = {p.env.name} has no scripted expert: "
+                        "set bank.expert_top_up=0")
     used, rows = set(bank["task_id"]), []
     for task in split_tasks(p, "train"):
         if len(rows) == need:
             break
         if task.task_id in used:
             continue
-        env = ToolWorldEnv(task, max_turns=p.env.max_turns, success_threshold=p.env.success_threshold)
-        ep = run_episode(env, ScriptedExpert())
+        ep = env.play(task, env.expert())
         if not ep["success"]:
             continue  # e.g. env.max_turns shorter than the family's plan
         rows.append({
@@ -202,7 +204,7 @@ def expert_top_up(p, bank: pd.DataFrame, round_: int = 0) -> pd.DataFrame:
             "app": task.app,
             "task_text": task.text,
             "steps_json": json.dumps([{"action": a, "result": s} for a, s in zip(ep["actions"], ep["shorts"])]),
-            "lite_text": lite_text(task.text, ep["actions"], ep["shorts"]),
+            "lite_text": env.lite_text(task.text, ep["actions"], ep["shorts"]),
             "reward": float(ep["reward"]),
             "success": True,
             "source_round": round_,

@@ -31,7 +31,7 @@ def recipe(p: Params) -> dict:
     """Every param that shapes the pre-trained base (the key a committed base must match)."""
     flat = p.flat()
     keep = [k for k in flat if k.split(".")[0] in ("model", "bootstrap") or k == "seed"
-            or k in ("env.world_seed", "env.pretrain_apps", "env.families", "env.task_seed", "env.max_turns", "env.success_threshold")]
+            or k.startswith("toolworld.") or k in ("env.name", "env.task_seed", "env.max_turns", "env.success_threshold")]
     return {k: flat[k] for k in sorted(keep) if k not in _NOT_RECIPE}
 
 
@@ -89,7 +89,7 @@ def model_card(record: dict) -> str:
 A `Qwen3ForCausalLM` with {m['n_params']:,} parameters (hidden {r['model.hidden_size']}, {r['model.num_layers']} layers,
 {r['model.num_heads']} heads, {r['model.num_kv_heads']} KV heads) and its own tokenizer (byte-level BPE of
 {r['model.vocab_size']} tokens plus every ToolWorld entity word as one token), pre-trained by `lopd bootstrap` on
-noisy-expert demonstrations at the {r['env.pretrain_apps']} pre-training apps of each ToolWorld family. Weights are
+noisy-expert demonstrations at the {r['toolworld.pretrain_apps']} pre-training apps of each ToolWorld family. Weights are
 float16 safetensors; they load as float32 with `AutoModelForCausalLM.from_pretrained`.
 
 ## Rebuild from scratch

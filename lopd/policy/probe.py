@@ -16,7 +16,6 @@ from typing import Sequence
 
 import torch
 
-from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, run_episode
 from lopd.policy.rollout import tokenize_episode
 
 
@@ -36,7 +35,7 @@ def action_spans(mask: Sequence[int]) -> list[tuple[int, int]]:
 class ExpertEpisode:
     """The scripted expert's episode on a task, tokenised exactly as a rollout would be."""
 
-    task: object  # a ToolWorld Task
+    task: object  # the environment's task
     messages: list[dict]
     token_ids: list[int]
     action_mask: list[int]
@@ -46,13 +45,12 @@ class ExpertEpisode:
     observations: list[str | None]
 
 
-def expert_episodes(tokenizer, tasks, max_turns: int, success_threshold: float) -> list[ExpertEpisode]:
-    """The scripted expert's episode on each task, in order."""
+def expert_episodes(tokenizer, tasks, env) -> list[ExpertEpisode]:
+    """The scripted expert's episode on each task, in order (``env``: a ``lopd.envs.registry.Environment`` with an expert)."""
     out = []
     for task in tasks:
-        env = ToolWorldEnv(task, max_turns, success_threshold)
-        messages = env.initial_observation()
-        ep = run_episode(env, ScriptedExpert())
+        messages = env.make_env(task).initial_observation()
+        ep = env.play(task, env.expert())
         ids, mask = tokenize_episode(tokenizer, messages, ep["actions"], ep["observations"])
         out.append(ExpertEpisode(task, messages, ids, mask, ep["reward"], ep["success"], ep["actions"], ep["observations"]))
     return out

@@ -6,7 +6,8 @@ unsure and the experience knows better, which in ToolWorld is the app's conventi
 - **convention**: an action token from the first character at which the scripted plan under
   one flipped convention would write something else (e.g. ``00}}`` after a dollar amount in a
   cents app, or a whole ``verify_payee`` call that an app without checks does not want). Only
-  actions that follow the plan of the app's real conventions are marked.
+  actions that follow the plan of the app's real conventions are marked. The environment says
+  where (``Environment.convention_start``); one without it has no convention tokens.
 - **copied**: the other tokens of a tool call's argument values (names, ids, numbers taken from
   the task or a tool result: :func:`copy_spans`).
 - **other**: the rest (format, tool names, the end-of-turn token).
@@ -15,10 +16,8 @@ unsure and the experience knows better, which in ToolWorld is the app's conventi
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from typing import Callable, Sequence
 
-from lopd.envs.toolworld.experts import observed, render
-from lopd.envs.toolworld.families import REGISTRY
 from lopd.policy.probe import action_spans
 
 KINDS = ("copied", "convention", "other")
@@ -38,29 +37,14 @@ def copy_spans(action: str) -> list[tuple[int, int]]:
     return [(a + 1, b - 1) if action[a] == '"' else (a, b) for a, b in (m.span() for m in _ARG_VALUE.finditer(action, head))]
 
 
-def convention_start(task, actions: Sequence[str], observations: Sequence[str | None], i: int) -> int | None:
-    """Character offset in ``actions[i]`` from which a flipped convention would change it (None: it would not,
-    or the action is not the plan's)."""
-    fam = REGISTRY[task.family]
-    done = observed(list(zip(actions[:i], observations[:i])))
-    plan = render(fam.next_step(task.goal, task.conventions, done))
-    if actions[i].strip() != plan:
-        return None
-    starts = []
-    for key, (a, b) in fam.options.items():
-        flipped = {**task.conventions, key: b if task.conventions[key] == a else a}
-        other = render(fam.next_step(task.goal, flipped, done))
-        if other != plan:
-            starts.append(next((k for k, (x, y) in enumerate(zip(plan, other)) if x != y), min(len(plan), len(other))))
-    return min(starts) if starts else None
-
-
 def action_token_kinds(tokenizer, task, token_ids: Sequence[int], action_mask: Sequence[int],
-                       actions: Sequence[str], observations: Sequence[str | None]) -> list[str | None]:
+                       actions: Sequence[str], observations: Sequence[str | None],
+                       convention_start: Callable | None = None) -> list[str | None]:
     """One kind per token of a tokenised episode (``None`` off the action mask).
 
     ``actions`` / ``observations``: the episode's texts, in order (as in a ``Trajectory``). Token
     offsets come from decoding the episode's own ids, so sampled tokenisations work too.
+    ``convention_start``: the environment's (``Environment.convention_start``); None = no convention tokens.
     """
     kinds: list[str | None] = [None] * len(token_ids)
     spans = action_spans(action_mask)
@@ -71,7 +55,7 @@ def action_token_kinds(tokenizer, task, token_ids: Sequence[int], action_mask: S
         ends = [len(tokenizer.decode(ids[: k + 1], skip_special_tokens=True)) for k in range(len(ids))]
         text = tokenizer.decode(ids, skip_special_tokens=True)
         lead = len(text) - len(text.lstrip())
-        conv = convention_start(task, actions, observations, i)
+        conv = convention_start(task, actions, observations, i) if convention_start else None
         copies = copy_spans(text.strip())
         for k in range(len(ids)):
             a, b = (ends[k - 1] if k else 0) - lead, ends[k] - lead

@@ -1,121 +1,57 @@
-"""Stage `bootstrap`: the embedded base policy — a tiny Qwen3 that is mediocre at ToolWorld.
+"""Stage `bootstrap`: the embedded base policy — a tiny Qwen3 that is mediocre at ``env.name``'s environment.
 
-Trains a BPE tokenizer on noisy-expert demonstrations, builds a randomly initialised
+Trains a BPE tokenizer on the environment's demonstrations, builds a randomly initialised
 ``Qwen3ForCausalLM`` from ``model.*`` params, pre-trains it on those demonstrations (loss on
-the actions only) and saves a plain Hugging Face directory. The demonstrations are noisy on
-purpose: the base should succeed sometimes, like the paper's vanilla models, so that the
-bank has successes and distillation has room to improve. With ``model.path`` set, the
-checkpoint there is the base and nothing is trained.
+the actions only) and saves a plain Hugging Face directory. ToolWorld's demonstrations are noisy
+on purpose (``lopd.envs.toolworld.pretraining``): the base should succeed sometimes, like the
+paper's vanilla models, so that the bank has successes and distillation has room to improve. An
+environment without its own corpus is pre-trained on its scripted expert's episodes of train
+tasks. With ``model.path`` set, the checkpoint there is the base and nothing is trained.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import random
 import time
 
-import torch
 
 from lopd import layout
 from lopd.config import Params, ParamsError
-from lopd.envs.toolworld import NoisyExpert, ScriptedExpert, ToolWorldEnv, run_episode
+from lopd.envs.registry import Demo
 from lopd.io import atomic_path, write_json
 from lopd.latent.teacher import LATENT_FRAMING, add_latent_placeholder
-from lopd.memory.lite import lite_text
-from lopd.policy.engine import make_engine, split_tasks, success_by_group
+from lopd.policy.engine import environment, make_engine, split_tasks, success_by_group
 
 log = logging.getLogger(__name__)
 
 
 def expert_success(p: Params) -> dict[str, float]:
-    """Scripted-expert success per split: the environment is solvable as specified."""
+    """Scripted-expert success per split: the environment is solvable as specified ({} without an expert)."""
+    env = environment(p)
     out = {}
-    for split in ("train", "dev", "test"):
+    for split in ("train", "dev", "test") if env.expert else ():
         tasks = split_tasks(p, split, p.bootstrap.expert_check_tasks)
-        wins = sum(
-            run_episode(ToolWorldEnv(t, p.env.max_turns, p.env.success_threshold), ScriptedExpert())["success"]
-            for t in tasks
-        )
+        wins = sum(env.play(t, env.expert())["success"] for t in tasks)
         out[split] = wins / len(tasks)
     return out
 
 
-Demo = tuple[list[dict], list[str], list[str]]  # (initial messages, actions, observations)
-
-
-def demo_tasks(p: Params) -> list:
-    """Train tasks on the pre-training apps only (``env.pretrain_apps`` per family)."""
-    from lopd.envs.toolworld import FAMILIES, make_tasks, pretrain_apps
-
-    families = p.env.families or FAMILIES
-    apps = {f: pretrain_apps(f, p.env.pretrain_apps) for f in families}
-    return make_tasks("train", p.bootstrap.n_demos, seed=p.env.task_seed, families=families, apps=apps,
-                      world_seed=p.env.world_seed, tag="demo", pretrain_apps=p.env.pretrain_apps)
-
-
-def play(p: Params, task, agent) -> tuple[Demo, str | None]:
-    """An agent's episode on ``task`` as a demo, and its observation-lite text when it succeeded."""
-    env = ToolWorldEnv(task, p.env.max_turns, p.env.success_threshold)
-    messages = env.initial_observation()
-    ep = run_episode(env, agent)
-    return (messages, ep["actions"], ep["observations"]), (lite_text(task.text, ep["actions"], ep["shorts"]) if ep["success"] else None)
-
-
 def demonstrations(p: Params) -> tuple[list[Demo], list[Demo], dict]:
-    """The pre-training demonstrations, the same demos without experiences, and what they hold.
-
-    Noisy-expert episodes on train tasks of the pre-training apps. A share
-    ``bootstrap.experience_frac`` of them carry 1..``bootstrap.experience_max`` experiences in
-    the teacher's framing sentence: other successful demos of the *same app* (so the app's
-    conventions can be read off them), or, for a share ``bootstrap.fresh_app_frac`` of those, a
-    whole example at a synthetic app whose conventions are drawn fresh for it
-    (``fresh_app_demo``). Why both: the teacher is this base with experiences where that
-    sentence's placeholder stands (``lopd.latent.teacher``), so the base must be at home with the
-    framing and must *use* what experiences show; on a fresh app nothing else predicts the
-    conventions. A share ``bootstrap.unseen_app_frac`` of all demos is set at a synthetic app with
-    fresh conventions and *no* experiences: that is where a new app without experiences stands,
-    and the base should act there (guess what it cannot know, read the errors), not stall.
-    """
-    expert = NoisyExpert(p.bootstrap.demo_error_rate, seed=p.seed)
-    tasks = demo_tasks(p)
-    played = [play(p, task, expert) for task in tasks]
-    rng = random.Random(p.seed)
-    by_app: dict[str, list[int]] = {}
-    for i, (task, (_, lite)) in enumerate(zip(tasks, played)):
-        if lite is not None:
-            by_app.setdefault(task.app, []).append(i)
-    demos, kinds = [], {"plain": 0, "same_app": 0, "fresh_app": 0, "unseen_app": 0, "distractors": 0}
-    pool = [j for ids in by_app.values() for j in ids]  # every successful demo: the distractors' source
-    for task, (demo, _) in zip(tasks, played):
-        if rng.random() < p.bootstrap.unseen_app_frac:
-            demos.append(fresh_app_demo(p, task.family, 0, expert, rng)[0])
-            kinds["unseen_app"] += 1
-            continue
-        if rng.random() >= p.bootstrap.experience_frac:
-            demos.append(demo)
-            kinds["plain"] += 1
-            continue
-        n_exp = rng.randint(1, p.bootstrap.experience_max)
-        if rng.random() < p.bootstrap.fresh_app_frac:
-            demo, lites = fresh_app_demo(p, task.family, n_exp, expert, rng)
-            kinds["fresh_app"] += 1
-        else:
-            peers = [j for j in by_app.get(task.app, []) if played[j][0] is not demo]
-            lites = [played[j][1] for j in rng.sample(peers, min(len(peers), n_exp))]
-            kinds["same_app" if lites else "plain"] += 1
-        # Distractors (why): retrieval is not perfect and a random bank entry is almost never from
-        # the task's app. A base that copies conventions from any experience is misled by them
-        # (measured: 3 random experiences cut dev success on the pre-training apps from 0.79 to
-        # 0.41), so some slots hold another app's success, and the target still follows its own app.
-        others = [j for j in pool if tasks[j].app != task.app]
-        for k in range(len(lites)):
-            if others and rng.random() < p.bootstrap.distractor_frac:
-                lites[k] = played[rng.choice(others)][1]
-                kinds["distractors"] += 1
-        demos.append(with_experiences(demo, lites))
-    return demos, [demo for demo, _ in played], {"n_demos": len(demos), "demo_success_rate": sum(lite is not None for _, lite in played) / len(played),
-                   **{f"demos_{k}": v for k, v in kinds.items()}}
+    """The pre-training demonstrations, the same demos without experiences, and what they hold: the
+    environment's corpus (``Environment.pretraining``, ToolWorld's: ``lopd.envs.toolworld.pretraining``),
+    else the scripted expert's episodes of the first ``bootstrap.n_demos`` train tasks, plain."""
+    env = environment(p)
+    if env.pretraining is not None:
+        return env.pretraining.demos(p, with_experiences)
+    if env.expert is None:
+        raise ParamsError(f"params: env.name = {p.env.name} has neither a pre-training corpus nor a scripted expert, so the "
+                          "embedded base cannot be pre-trained on it: set model.path to a checkpoint")
+    demos = []
+    for task in split_tasks(p, "train", p.bootstrap.n_demos):
+        ep = env.play(task, env.expert())
+        demos.append((env.make_env(task).initial_observation(), ep["actions"], ep["observations"]))
+    return demos, demos, {"n_demos": len(demos), "demo_success_rate": 1.0, "demos_plain": len(demos)}
 
 
 def with_experiences(demo: Demo, lites: list[str], framing: str = LATENT_FRAMING) -> Demo:
@@ -125,29 +61,6 @@ def with_experiences(demo: Demo, lites: list[str], framing: str = LATENT_FRAMING
     if not lites:
         return demo
     return add_latent_placeholder(messages, placeholder="\n\n".join(lites), framing=framing), actions, observations
-
-
-def fresh_app_demo(p: Params, family: str, n_exp: int, expert, rng: random.Random) -> tuple[Demo, list[str]]:
-    """A noisy-expert demo at a synthetic app with freshly drawn conventions, and ``n_exp`` (maybe 0)
-    successful episodes of other tasks at that same app (observation-lite) to show it with."""
-    from lopd.envs.toolworld import SYNTHETIC_APPS, Task, random_conventions
-    from lopd.envs.toolworld.families import REGISTRY
-
-    fam, app = REGISTRY[family], rng.choice(SYNTHETIC_APPS)
-    conventions = random_conventions(family, rng)
-
-    def task(k: int):
-        text, goal = fam.sample_goal(rng, app)
-        return Task(f"fresh-{app}-{rng.getrandbits(32):08x}-{k}", family, "train", text, rng.getrandbits(32), goal, conventions)
-
-    lites = []
-    for k in range(8 * n_exp):  # noisy successes, as a bank holds; the scripted expert if they run short
-        if len(lites) == n_exp:
-            break
-        lite = play(p, task(k + 1), expert if k < 4 * n_exp else ScriptedExpert())[1]
-        if lite is not None:
-            lites.append(lite)
-    return play(p, task(0), expert)[0], lites
 
 
 def episode_examples(tokenizer, demos) -> list[tuple[list[int], list[int]]]:
@@ -173,7 +86,6 @@ def pretrain_base(p: Params, demos: list[Demo], plain: list[Demo], on_step=None)
     """
     from jinja2 import Template
 
-    from lopd.envs.toolworld import entity_words
     from lopd.policy.chat import QWEN3_LITE_TEMPLATE
     from lopd.policy.modeling import build_tiny_qwen3, train_tokenizer
     from lopd.train.lm_train import train_causal_lm
@@ -189,7 +101,8 @@ def pretrain_base(p: Params, demos: list[Demo], plain: list[Demo], on_step=None)
                     convo.append({"role": "tool", "content": observations[i]})
             yield template.render(messages=convo, add_generation_prompt=False)
 
-    tokenizer = train_tokenizer(corpus(), p.model.vocab_size, entity_words())
+    pretraining = environment(p).pretraining
+    tokenizer = train_tokenizer(corpus(), p.model.vocab_size, list(pretraining.words()) if pretraining else [])
     tokenizer.padding_side = "left"
     model = build_tiny_qwen3(p.model, tokenizer, seed=p.seed)
     b = p.bootstrap
@@ -213,32 +126,9 @@ def pretrain_base(p: Params, demos: list[Demo], plain: list[Demo], on_step=None)
             on_step=(lambda step, loss, lr, o=offset: on_step(o + step, loss, lr)) if on_step else None,
             desc=desc,
         )
-    unseen_apps_as_unknown(model, tokenizer, examples)
+    if pretraining is not None and pretraining.finish is not None:
+        pretraining.finish(model, tokenizer, examples)  # ToolWorld: the new apps' names read as "an app I do not know"
     return model, tokenizer, losses, examples
-
-
-@torch.no_grad()
-def unseen_apps_as_unknown(model, tokenizer, examples) -> list[str]:
-    """Give every app name the demos never contain (the new apps) the mean embedding of the
-    synthetic apps'; returns those names.
-
-    Why: a token pre-training never shows keeps its random initial embedding, and the base reads
-    it as nothing in particular, not as "an app I do not know". The synthetic apps are exactly
-    that (their conventions were drawn fresh every time), so their mean is what a new app should
-    look like. This uses no knowledge of the new apps' conventions. (Hugging Face initialises
-    added tokens at the mean embedding for the same reason.)
-    """
-    from lopd.envs.toolworld import SYNTHETIC_APPS
-    from lopd.envs.toolworld.families import REGISTRY
-
-    seen = {i for ids, _ in examples for i in ids}
-    ids = lambda names: [tokenizer.convert_tokens_to_ids(n) for n in names]  # noqa: E731
-    apps = [a for fam in REGISTRY.values() for a in fam.apps]
-    unseen = [a for a, i in zip(apps, ids(apps)) if i not in seen]
-    if unseen:
-        emb = model.get_input_embeddings().weight
-        emb[ids(unseen)] = emb[ids(SYNTHETIC_APPS)].mean(0)
-    return unseen
 
 
 def train_base(p: Params, path, on_step=None) -> dict:
@@ -257,22 +147,21 @@ def measure(p: Params, path) -> dict:
     """The base at ``path`` on dev: sampled success (overall and per app group), mean reward, and
     teacher-forced exact match of each scripted-expert action (which step fails). Deterministic
     for given params on CPU."""
-    from lopd.envs.toolworld.chance import chance_row
-    from lopd.policy.engine import app_group
     from lopd.policy.modeling import load_policy, n_params
     from lopd.policy.probe import action_accuracy, expert_episodes
 
+    env = environment(p)
     model, tokenizer = load_policy(path, p.model.dtype)
     dev_tasks = split_tasks(p, "dev", p.bootstrap.eval_dev_tasks)
     trajs = make_engine(p, model, tokenizer).run(dev_tasks, seed=p.seed, id_prefix="dev")
-    chance = chance_row(dev_tasks, {t.task_id: app_group(p, t) for t in dev_tasks}, p.env.max_turns, p.env.success_threshold)
+    chance = env.chance(dev_tasks, env.group_of(dev_tasks)) if env.chance else None
     r = p.rollout
     return {
         "dev_success_rate": sum(t.success for t in trajs) / len(trajs),
         "dev_success_by_group": success_by_group(p, dev_tasks, trajs),
         "dev_mean_reward": sum(t.reward for t in trajs) / len(trajs),
-        "dev_chance": {k: v for k, v in chance.items() if k != "policies"},  # the best policy that learns nothing
-        "dev_action_accuracy": action_accuracy(model, expert_episodes(tokenizer, dev_tasks, p.env.max_turns, p.env.success_threshold)),
+        **({"dev_chance": {k: v for k, v in chance.items() if k != "policies"}} if chance else {}),  # the best policy that learns nothing
+        "dev_action_accuracy": action_accuracy(model, expert_episodes(tokenizer, dev_tasks, env)) if env.expert else {},
         "n_params": n_params(model),
         "eval": {"dev_tasks": len(dev_tasks), "seed": p.seed, "temperature": r.temperature, "top_p": r.top_p,
                  "max_new_tokens": r.max_new_tokens, "batch_size": r.batch_size, "backend": r.backend},
@@ -314,17 +203,17 @@ def run(p: Params) -> dict:
 
             info.update(train_base(p, path, on_step))
         measured = measure(p, path)
-        acc = measured["dev_action_accuracy"]
-        chance = measured["dev_chance"]
-        log.info("dev success %.3f (pre-training apps %s, new apps %s; chance %s, %s, %s); expert-action exact match by index: %s",
-                 measured["dev_success_rate"], measured["dev_success_by_group"]["pretrain"], measured["dev_success_by_group"]["new"],
-                 chance["success_rate"], chance["success_by_group"]["pretrain"], chance["success_by_group"]["new"],
+        acc, labels = measured["dev_action_accuracy"], environment(p).groups
+        chance = measured.get("dev_chance")
+        log.info("dev success %.3f%s%s; expert-action exact match by index: %s", measured["dev_success_rate"],
+                 "".join(f", {labels[g]} {v}" for g, v in measured["dev_success_by_group"].items()),
+                 f" (chance {chance['success_rate']}, {chance['success_by_group']})" if chance else "",
                  {k: round(v, 2) for k, v in acc.items() if "/" not in k})
         if record is not None and record["metrics"]["eval"] == measured["eval"]:
             info["reproduces_committed_record"] = measured["dev_success_rate"] == record["metrics"]["dev_success_rate"]
         metrics = {
             "params": p.flat(),
-            "expert_success_rate": min(expert.values()),
+            "expert_success_rate": min(expert.values()) if expert else None,
             "expert_success_by_split": expert,
             **measured,
             "model_path": str(p.model.path) if p.model.path else str(path.relative_to(p.root())),

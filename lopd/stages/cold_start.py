@@ -180,10 +180,12 @@ def train(p: Params, composer: Composer, tokenizer, targets: list[Episode], retr
 
 
 def expert_dev_episodes(p: Params, tokenizer, tasks: Sequence) -> list[Episode]:
-    """Scripted-expert successes on held-out dev tasks, tokenised as a rollout would be."""
+    """Scripted-expert successes on held-out dev tasks, tokenised as a rollout would be (none without an expert)."""
+    from lopd.envs.registry import get_environment
     from lopd.policy.probe import expert_episodes
 
-    return [from_expert(tokenizer, e) for e in expert_episodes(tokenizer, tasks, p.env.max_turns, p.env.success_threshold) if e.success]
+    env = get_environment(p)
+    return [from_expert(tokenizer, e) for e in expert_episodes(tokenizer, tasks, env) if e.success] if env.expert else []
 
 
 @torch.no_grad()

@@ -19,7 +19,7 @@ from lopd import layout
 from lopd.config import Params
 from lopd.io import atomic_path, write_json
 from lopd.memory.bank import bank_frame, expert_top_up
-from lopd.policy.engine import app_group, make_engine, split_tasks, success_by_group, train_tasks_by_id
+from lopd.policy.engine import app_group, environment, make_engine, split_tasks, success_by_group, train_tasks_by_id
 from lopd.policy.rollout import Trajectory
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def run(p: Params) -> dict:
         rollout_s = time.perf_counter() - t0
         policy = Path(path).name if p.model.path else "base"
         rollouts = rollouts_frame(trajs, tasks_by_id, policy, round_=0)
-        bank = bank_frame(trajs, tasks_by_id, policy, round_=0)
+        bank = bank_frame(trajs, tasks_by_id, policy, round_=0, lite_text=environment(p).lite_text)
         n_policy_bank = len(bank)
         bank = expert_top_up(p, bank, round_=0)  # no-op unless bank.expert_top_up > 0
         validate_rollouts(rollouts, p.env.success_threshold)  # before anything is written
@@ -116,7 +116,7 @@ def run(p: Params) -> dict:
             "truncated": int(rollouts["truncated"].sum()),
             "success_by_family": rollouts.groupby("family")["success"].mean().round(4).to_dict(),
             "success_by_group": success_by_group(p, tasks, trajs),
-            "bank_by_group": {g: int(sum(app_group(p, train[t]) == g for t in bank["task_id"])) for g in ("pretrain", "new")},
+            "bank_by_group": {g: int(sum(app_group(p, train[t]) == g for t in bank["task_id"])) for g in environment(p).groups},
             "bank_lite_chars_mean": float(bank["lite_text"].str.len().mean()) if len(bank) else 0.0,
             "bank_full_chars_mean": sum(full_chars) / len(full_chars) if full_chars else 0.0,
         }

@@ -20,9 +20,14 @@ student there too (``lopd.envs.bfcl``, one sample per entry): success (every tur
 accuracy) and reward (turns passed), under ``benchmarks.<name>.<method>`` in ``evaluate.json``. A model
 whose context cannot hold the category's prompts gets one line saying so instead of a score.
 
-Beside them, under ``chance``: the policies that learn nothing (``lopd.envs.toolworld.chance``) on
-the same test tasks, and for each figure (success overall and per app group, mean reward) the
-best of them. A method's figure means something only above that row.
+``humaneval`` in ``evaluate.benchmarks`` gives every student's pass@1 over all 164 HumanEval problems
+(``evaluate.samples_per_task`` samples each, one attempt, the unbiased estimator), under
+``benchmarks.humaneval.<method>``; without the code sandbox it says why instead of a score.
+
+The test split and its report groups are ``env.name``'s (``lopd.envs.registry``). Beside the methods,
+under ``chance`` (environments that have one: ToolWorld's ``lopd.envs.toolworld.chance``): the policies
+that learn nothing on the same test tasks, and for each figure (success overall and per app group,
+mean reward) the best of them. A method's figure means something only above that row.
 
 Writes ``metrics/evaluate.json`` and the table ``metrics/evaluate.md``; logs both to MLflow.
 """
@@ -99,7 +104,7 @@ def first_response_tokens(action_mask: Sequence[int]) -> int:
 
 def call_key(action: str) -> str | None:
     """Identity of the tool call in an action (None when the action makes no call)."""
-    from lopd.envs.toolworld import parse_action
+    from lopd.envs.protocol import parse_action
 
     if CALL_OPEN not in action:
         return None
@@ -134,10 +139,11 @@ def per_task_reward(trajs: Sequence) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in by_task.items()}
 
 
-def summarize(trajs: Sequence, ci: float, groups: dict[str, str] | None = None) -> dict:
+def summarize(trajs: Sequence, ci: float, groups: dict[str, str] | None = None, names: Sequence[str] | None = None) -> dict:
     """Success (Wilson), mean reward (t over per-task means) and behaviour of one method's test episodes.
 
-    ``groups``: task id -> app group (pre-training or new app); success is also given per group.
+    ``groups``: task id -> report group (ToolWorld: pre-training or new app); success is also given per group,
+    for each of ``names`` (default: the groups present, sorted).
     """
     wins = sum(bool(t.success) for t in trajs)
     lo, hi = wilson_interval(wins, len(trajs), ci)
@@ -156,24 +162,24 @@ def summarize(trajs: Sequence, ci: float, groups: dict[str, str] | None = None) 
         "n_tasks": len(tasks),
         "ci": ci,
         "success_by_family": {f: sum(v) / len(v) for f, v in sorted(by_family.items())},
-        **({"success_by_group": _by_group(trajs, groups), "failed_checks_by_group": failed_checks(trajs, groups)} if groups else {}),
+        **({"success_by_group": _by_group(trajs, groups, names), "failed_checks_by_group": failed_checks(trajs, groups, names)} if groups else {}),
     }
 
 
-def failed_checks(trajs: Sequence, groups: dict[str, str]) -> dict[str, dict[str, float]]:
+def failed_checks(trajs: Sequence, groups: dict[str, str], names: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
     """Where the errors are: per app group, the share of its *failed* episodes in which each
     checklist item failed (``entity``, ``value`` = the app's format, ``committed``, ``single``),
     and ``n_failed``. An episode can fail several items."""
     out: dict[str, dict[str, float]] = {}
-    for g in ("pretrain", "new"):
+    for g in names or sorted(set(groups.values())):
         failed = [t for t in trajs if groups[t.task_id] == g and not t.success and t.checks]
         items = sorted({k for t in failed for k in t.checks})
         out[g] = {"n_failed": float(len(failed)), **{k: sum(not t.checks.get(k, False) for t in failed) / len(failed) for k in items}}
     return out
 
 
-def _by_group(trajs: Sequence, groups: dict[str, str]) -> dict[str, float | None]:
-    wins: dict[str, list[bool]] = {"pretrain": [], "new": []}
+def _by_group(trajs: Sequence, groups: dict[str, str], names: Sequence[str] | None = None) -> dict[str, float | None]:
+    wins: dict[str, list[bool]] = {g: [] for g in names or sorted(set(groups.values()))}
     for t in trajs:
         wins[groups[t.task_id]].append(bool(t.success))
     return {g: (sum(v) / len(v) if v else None) for g, v in wins.items()}
@@ -187,16 +193,20 @@ def paired_diff(trajs: Sequence, reference: Sequence, ci: float) -> dict:
     return {"mean": mean, "ci": [lo, hi]}
 
 
-def markdown_table(results: dict, chance: dict | None = None) -> str:
+def markdown_table(results: dict, chance: dict | None = None, labels: dict[str, str] | None = None) -> str:
     """One row per method: success and reward with their intervals, then behaviour; the chance
-    row (best policy that learns nothing, figure by figure) first."""
+    row (best policy that learns nothing, figure by figure) first. ``labels``: report group -> column
+    header (the environment's ``groups``; default: the groups the results hold, by name)."""
     def iv(lo, hi) -> str:
         return "n/a" if lo is None or hi is None else f"[{lo:.3f}, {hi:.3f}]"
 
     ci = next(iter(results.values()))["ci"] if results else 0.95
+    if labels is None:
+        labels = {g: g for r in results.values() for g in r.get("success_by_group", {})}
+    group_cols = "".join(f" {label} |" for label in labels.values())
     lines = [
-        f"| method | success | {ci:.0%} CI | pre-training apps | new apps | mean reward | {ci:.0%} CI | Δ reward vs vanilla | tool calls / turn | turns | first response tokens | repeated calls |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| method | success | {ci:.0%} CI |{group_cols} mean reward | {ci:.0%} CI | Δ reward vs vanilla | tool calls / turn | turns | first response tokens | repeated calls |",
+        "|---|---|---|" + "---|" * len(labels) + "---|---|---|---|---|---|---|",
     ]
 
     def rate(v) -> str:
@@ -204,17 +214,17 @@ def markdown_table(results: dict, chance: dict | None = None) -> str:
 
     if chance is not None:
         groups = chance["success_by_group"]
-        lines.append(f"| chance | {chance['success_rate']:.3f} | — | {rate(groups['pretrain'])} | {rate(groups['new'])} "
-                     f"| {chance['mean_reward']:.3f} | — | — | — | — | — | — |")
+        lines.append(f"| chance | {chance['success_rate']:.3f} | — |" + "".join(f" {rate(groups.get(g))} |" for g in labels)
+                     + f" {chance['mean_reward']:.3f} | — | — | — | — | — | — |")
     for m, r in results.items():
         diff = r.get("reward_diff_vs_vanilla")
         d = "—" if diff is None else f"{diff['mean']:+.3f} {iv(*diff['ci'])}"
         lines.append(
-            f"| {m} | {r['success_rate']:.3f} | {iv(*r['success_ci'])} | {rate(r.get('success_by_group', {}).get('pretrain'))} "
-            f"| {rate(r.get('success_by_group', {}).get('new'))} | {r['mean_reward']:.3f} | {iv(*r['reward_ci'])} | {d} "
+            f"| {m} | {r['success_rate']:.3f} | {iv(*r['success_ci'])} |" + "".join(f" {rate(r.get('success_by_group', {}).get(g))} |" for g in labels)
+            + f" {r['mean_reward']:.3f} | {iv(*r['reward_ci'])} | {d} "
             f"| {r['tool_calls_per_turn']:.2f} | {r['turns']:.2f} | {r['first_response_tokens']:.1f} | {r['repeated_calls']:.2f} |"
         )
-    checks = [(m, g, r["failed_checks_by_group"][g]) for m, r in results.items() if "failed_checks_by_group" in r for g in ("pretrain", "new")]
+    checks = [(m, g, c) for m, r in results.items() for g, c in r.get("failed_checks_by_group", {}).items()]
     if checks:
         items = sorted({k for _, _, c in checks for k in c if k != "n_failed"})
         lines += ["", "Where the errors are: of each method's failed episodes per app group, the share failing each checklist item.", "",
@@ -231,12 +241,11 @@ def markdown_table(results: dict, chance: dict | None = None) -> str:
 # ----------------------------------------------------------------------------- BFCL multi-turn
 
 
-def bfcl_prompt_tokens(tokenizer, tasks: Sequence) -> list[int]:
+def bfcl_prompt_tokens(tokenizer, tasks: Sequence, make_env) -> list[int]:
     """Tokens of each task's first prompt (system + tools + first user turn) in ``tokenizer``'s chat template."""
-    from lopd.envs.bfcl import BFCLEnv
     from lopd.policy.chat import encode, render_prompt
 
-    return [len(encode(tokenizer, render_prompt(tokenizer, BFCLEnv(t).initial_observation()))) for t in tasks]
+    return [len(encode(tokenizer, render_prompt(tokenizer, make_env(t).initial_observation()))) for t in tasks]
 
 
 def evaluate_bfcl(p: Params, benchmark: str, model, tokenizer, seed: int, warned: set[str] | None = None) -> dict:
@@ -246,11 +255,12 @@ def evaluate_bfcl(p: Params, benchmark: str, model, tokenizer, seed: int, warned
     line naming the tokens needed and the model's limit: not a crash, not a silent zero. ``warned`` holds
     the lines already logged in this run (one line per benchmark and context, not one per student).
     """
-    from lopd.envs.bfcl import BFCLEnv, load_tasks
+    from lopd.envs.registry import get_environment
     from lopd.policy.engine import make_engine
 
-    tasks = load_tasks(benchmark, p.evaluate.bfcl_n_tasks)
-    lengths = sorted(bfcl_prompt_tokens(tokenizer, tasks))
+    env = get_environment(p.model_copy(update={"bfcl": p.bfcl.model_copy(update={"category": benchmark})}), "bfcl_multi_turn")
+    tasks = env.tasks("test", p.evaluate.bfcl_n_tasks)
+    lengths = sorted(bfcl_prompt_tokens(tokenizer, tasks, env.make_env))
     context = getattr(model.config, "max_position_embeddings", None)
     info = {"n_tasks": len(tasks), "prompt_tokens_median": lengths[len(lengths) // 2], "prompt_tokens_max": lengths[-1], "context": context}
     if context is not None and lengths[-1] + p.rollout.max_new_tokens > context:
@@ -262,7 +272,7 @@ def evaluate_bfcl(p: Params, benchmark: str, model, tokenizer, seed: int, warned
         if warned is not None:
             warned.add(line)
         return {**info, "status": "skipped_context", "reason": line}
-    trajs = make_engine(p, model, tokenizer, make_env=BFCLEnv).run(tasks, 1, seed=seed, id_prefix=benchmark)
+    trajs = make_engine(p, model, tokenizer, make_env=env.make_env).run(tasks, 1, seed=seed, id_prefix=benchmark)
     succ, rew = [float(t.success) for t in trajs], [float(t.reward) for t in trajs]
     s_mean, s_lo, s_hi = t_interval(succ, p.evaluate.ci, bounds=(0.0, 1.0))
     r_mean, r_lo, r_hi = t_interval(rew, p.evaluate.ci, bounds=(0.0, 1.0))
@@ -288,6 +298,14 @@ def bfcl_table(benchmarks: dict) -> str:
 # ----------------------------------------------------------------------------- the stage
 
 
+def benchmark_tables(benchmarks: dict) -> str:
+    """The tables of the extra benchmarks: BFCL's categories together, then HumanEval."""
+    from lopd.stages.humaneval import humaneval_table
+
+    bfcl = {b: r for b, r in benchmarks.items() if b != "humaneval"}
+    return (bfcl_table(bfcl) if bfcl else "") + (humaneval_table(benchmarks["humaneval"]) if "humaneval" in benchmarks else "")
+
+
 def evaluated_methods(p: Params) -> list[str]:
     """Vanilla first (the reference), then ``distill.methods`` in order."""
     return list(dict.fromkeys(["vanilla", *p.distill.methods]))
@@ -297,10 +315,10 @@ def run(p: Params) -> dict:
     """Roll out every method's student on the test split; write ``metrics/evaluate.json`` and ``.md``."""
     import mlflow
 
-    from lopd.envs.toolworld.chance import chance_row
     from lopd.ops.tracking import stage_run
-    from lopd.policy.engine import app_group, make_engine, split_tasks
+    from lopd.policy.engine import environment, make_engine, split_tasks
     from lopd.policy.modeling import load_policy
+    from lopd.stages import humaneval
     from lopd.train.onpolicy import derive_seed
 
     methods = evaluated_methods(p)
@@ -309,8 +327,9 @@ def run(p: Params) -> dict:
     if missing:
         raise FileNotFoundError(f"evaluate: no student for {', '.join(missing)}: run `lopd distill` for those methods "
                                 "or drop them from distill.methods")
+    env = environment(p)
     tasks = split_tasks(p, "test", p.evaluate.n_tasks)
-    groups = {t.task_id: app_group(p, t) for t in tasks}
+    groups, names = env.group_of(tasks), list(env.groups)
     k, ci = p.evaluate.samples_per_task, p.evaluate.ci
     results, trajs_by_method = {}, {}
     extra = [b for b in p.evaluate.benchmarks if b != "toolworld"]
@@ -320,22 +339,25 @@ def run(p: Params) -> dict:
         for m in methods:
             model, tok = load_policy(paths[m], p.model.dtype)
             trajs = make_engine(p, model, tok).run(tasks, k, seed=derive_seed(p.seed, "test"), id_prefix=f"test-{m}")
-            trajs_by_method[m], results[m] = trajs, summarize(trajs, ci, groups)
+            trajs_by_method[m], results[m] = trajs, summarize(trajs, ci, groups, names)
             if m != "vanilla":
                 results[m]["reward_diff_vs_vanilla"] = paired_diff(trajs, trajs_by_method["vanilla"], ci)
             log.info("evaluate %s: success %.3f, reward %.3f", m, results[m]["success_rate"], results[m]["mean_reward"])
-            for b in extra:  # the same student on each requested BFCL category
-                benchmarks[b][m] = evaluate_bfcl(p, b, model, tok, seed=derive_seed(p.seed, b), warned=warned)
+            for b in extra:  # the same student on each requested benchmark
+                run_benchmark = humaneval.evaluate_humaneval if b == "humaneval" else evaluate_bfcl
+                benchmarks[b][m] = run_benchmark(p, b, model, tok, seed=derive_seed(p.seed, b), warned=warned)
             del model
-        chance = chance_row(tasks, groups, p.env.max_turns, p.env.success_threshold)  # the same tasks, no learning
-        log.info("evaluate chance: success %.3f (pre-training apps %s, new apps %s)", chance["success_rate"],
-                 chance["success_by_group"]["pretrain"], chance["success_by_group"]["new"])
-        table = markdown_table(results, chance) + (bfcl_table(benchmarks) if extra else "")
-        results["chance"] = chance
-        if extra:  # under each benchmark's name; the top-level keys stay the methods' ToolWorld results
+        chance = env.chance(tasks, groups) if env.chance else None  # the same tasks, no learning
+        if chance is not None:
+            log.info("evaluate chance: success %.3f%s", chance["success_rate"],
+                     "".join(f", {env.groups[g]} {v}" for g, v in chance["success_by_group"].items()))
+        table = markdown_table(results, chance, dict(env.groups)) + (benchmark_tables(benchmarks) if extra else "")
+        if chance is not None:
+            results["chance"] = chance
+        if extra:  # under each benchmark's name; the top-level keys stay the methods' results on env.name's test split
             results["benchmarks"] = benchmarks
             mlflow.log_metrics({f"{b}_{m}_{key}": float(r[key]) for b, by in benchmarks.items() for m, r in by.items()
-                                for key in ("success_rate", "mean_reward") if r["status"] == "ok"})
+                                for key in ("success_rate", "mean_reward", "pass_at_1") if r["status"] == "ok" and key in r})
         write_json(layout.metrics_path(p, "evaluate"), results)
         with atomic_path(layout.metrics_path(p, "evaluate").with_suffix(".md")) as tmp:
             tmp.write_text(table)

@@ -29,10 +29,9 @@ import torch
 
 from lopd import layout
 from lopd.config import Params
-from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, run_episode
+from lopd.envs.registry import get_environment
 from lopd.latent.teacher import teacher_logprobs, text_teacher_batch
 from lopd.latent.teacher_rollout import ContextEnv
-from lopd.memory.lite import lite_text
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +39,17 @@ CONTEXTS = ("none", "framing", "retrieved_text", "random_text", "oracle_text")
 
 
 def oracle_experiences(p: Params, task, k: int, rng: random.Random) -> list[str]:
-    """``k`` scripted-expert successes on other train tasks of ``task``'s app, observation-lite."""
+    """``k`` scripted-expert successes on other train tasks of ``task``'s app, observation-lite (none without an expert)."""
     from lopd.policy.engine import split_tasks
 
+    env = get_environment(p)
+    if env.expert is None:
+        return []
     pool = [t for t in split_tasks(p, "train") if t.family == task.family and t.app == task.app]
     out = []
     for t in rng.sample(pool, min(k, len(pool))):
-        ep = run_episode(ToolWorldEnv(t, p.env.max_turns, p.env.success_threshold), ScriptedExpert())
-        out.append(lite_text(t.text, ep["actions"], ep["shorts"]))
+        ep = env.play(t, env.expert())
+        out.append(env.lite_text(t.text, ep["actions"], ep["shorts"]))
     return out
 
 
@@ -83,6 +85,7 @@ def nll_by_kind(p: Params, model, tokenizer, episodes, trajs, texts: dict[str, d
     from lopd.policy.token_kinds import KINDS, action_token_kinds
     from lopd.train.episodes import student_batch
 
+    convention_start = get_environment(p).convention_start
     sums = {c: {k: 0.0 for k in ("all", *KINDS)} for c in texts}
     counts = {k: 0 for k in ("all", *KINDS)}
     for i in range(0, len(episodes), batch):
@@ -90,7 +93,8 @@ def nll_by_kind(p: Params, model, tokenizer, episodes, trajs, texts: dict[str, d
         ids_BT, _, mask_BT = student_batch(eps, tokenizer.pad_token_id)
         kind_BT = {k: torch.zeros_like(mask_BT) for k in KINDS}
         for b, (e, tr) in enumerate(zip(eps, trs)):
-            for t, kind in enumerate(action_token_kinds(tokenizer, e.task, e.token_ids, e.action_mask, tr.actions, tr.observations)):
+            for t, kind in enumerate(action_token_kinds(tokenizer, e.task, e.token_ids, e.action_mask, tr.actions, tr.observations,
+                                                        convention_start)):
                 if kind is not None:
                     kind_BT[kind][b, t] = True
         masks = {"all": mask_BT, **kind_BT}
@@ -112,18 +116,19 @@ def measure(p: Params, model, tokenizer, retriever, bank) -> dict:
     from lopd.train.episodes import from_expert, to_episodes
     from lopd.train.onpolicy import derive_seed
 
+    env = get_environment(p)
     tasks = split_tasks(p, "dev", p.privilege.dev_tasks)
     texts = context_texts(p, tasks, retriever, bank)
     engine = make_engine(p, model, tokenizer)
     success, by_group, none_trajs = {}, {}, None
     for c in CONTEXTS:
-        engine.make_env = lambda task, c=c: ContextEnv(ToolWorldEnv(task, p.env.max_turns, p.env.success_threshold), texts[c][task.task_id])
+        engine.make_env = lambda task, c=c: ContextEnv(env.make_env(task), texts[c][task.task_id])
         trajs = engine.run(tasks, p.privilege.samples_per_task, seed=derive_seed(p.seed, "privilege"), id_prefix=f"priv-{c}", progress=False)
         success[c] = sum(t.success for t in trajs) / len(trajs)
         by_group[c] = success_by_group(p, tasks, trajs)
         none_trajs = trajs if c == "none" else none_trajs
-        log.info("privilege %s: dev success %.3f (pre-training apps %s, new apps %s)", c, success[c], by_group[c]["pretrain"], by_group[c]["new"])
-    expert = [e for e in expert_episodes(tokenizer, tasks, p.env.max_turns, p.env.success_threshold) if e.success]
+        log.info("privilege %s: dev success %.3f%s", c, success[c], "".join(f", {env.groups[g]} {v}" for g, v in by_group[c].items()))
+    expert = [e for e in expert_episodes(tokenizer, tasks, env) if e.success] if env.expert else []
     nll = nll_by_kind(p, model, tokenizer, [from_expert(tokenizer, e) for e in expert], expert, texts)
     wins = [t for t in none_trajs if t.success]
     own = nll_by_kind(p, model, tokenizer, to_episodes(p, tasks, wins), wins, texts) if wins else {"nll": {}, "nll_by_kind": {}, "nll_tokens": {}}

@@ -18,6 +18,7 @@ import pandas as pd
 
 from lopd import layout
 from lopd.config import Params
+from lopd.envs.registry import get_environment
 from lopd.memory.bank import BANK_COLUMNS, append_round, bank_frame, round_numbers
 from lopd.memory.retrieval import held_out_task_ids, open_retriever, refresh_retriever
 from lopd.train.episodes import Timer
@@ -62,7 +63,8 @@ class BankDistiller:
         """Successes wait for the end of the round to join the bank (spec: iterative bank); returns their count."""
         trajs = self.dp.gather(trajs)  # every rank's, in task order
         if self.bank_dir is not None:
-            rows = bank_frame(list(trajs), self.tasks_by_id, f"distill-{self.name}", self.bank_version + 1)
+            rows = bank_frame(list(trajs), self.tasks_by_id, f"distill-{self.name}", self.bank_version + 1,
+                              get_environment(self.p).lite_text)
             self.pending += rows.to_dict("records")
         return float(sum(tr.success for tr in trajs))
 

@@ -18,7 +18,7 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
-from lopd.envs.toolworld import ToolWorldEnv
+from lopd.envs.registry import get_environment
 from lopd.latent.teacher import TeacherBatch, align_to_student, collate_teacher, teacher_prompt
 from lopd.policy.chat import encode, render_prompt
 from lopd.policy.rollout import Trajectory, tokenize_episode
@@ -27,13 +27,13 @@ from lopd.train.lm_train import IGNORE, collate
 
 @dataclass
 class Episode:
-    task: object  # a ToolWorld Task
+    task: object  # the environment's task
     messages: list[dict]
     token_ids: list[int]
     action_mask: list[int]
     prompt_len: int
     reward: float
-    success: bool = False  # reward >= threshold and the agent finished (lopd.envs.toolworld.env)
+    success: bool = False  # reward >= threshold and the agent finished (the environment's verdict)
 
 
 def from_trajectory(task, traj: Trajectory, messages: list[dict]) -> Episode:
@@ -48,7 +48,7 @@ def from_expert(tokenizer, e) -> Episode:
 
 def initial_messages(p, task) -> list[dict]:
     """The messages the engine rendered the task's prompt from (the env is deterministic per task)."""
-    return ToolWorldEnv(task, max_turns=p.env.max_turns, success_threshold=p.env.success_threshold).initial_observation()
+    return get_environment(p).make_env(task).initial_observation()
 
 
 def to_episodes(p, tasks: Iterable, trajs: Sequence[Trajectory]) -> list[Episode]:
@@ -58,9 +58,9 @@ def to_episodes(p, tasks: Iterable, trajs: Sequence[Trajectory]) -> list[Episode
     return [from_trajectory(by_id[tr.task_id], tr, messages[tr.task_id]) for tr in trajs]
 
 
-def replay_entry(tokenizer, task, steps_json: str, max_turns: int, success_threshold: float) -> Episode:
-    """A bank entry's actions played again in a fresh env (deterministic per task) and tokenised."""
-    env = ToolWorldEnv(task, max_turns=max_turns, success_threshold=success_threshold)
+def replay_entry(tokenizer, task, steps_json: str, make_env) -> Episode:
+    """A bank entry's actions played again in a fresh env (``make_env(task)``, deterministic per task) and tokenised."""
+    env = make_env(task)
     messages = env.initial_observation()
     actions, observations, reward, success = [], [], 0.0, False
     for step in json.loads(steps_json):
@@ -77,9 +77,9 @@ def replay_entry(tokenizer, task, steps_json: str, max_turns: int, success_thres
 
 def bank_episodes(p, tokenizer, bank, tasks_by_id: dict) -> list[Episode]:
     """The bank's entries on known train tasks, replayed and tokenised, in ``bank_id`` order."""
-    rows = bank.sort_values("bank_id")
+    rows, make_env = bank.sort_values("bank_id"), get_environment(p).make_env
     return [
-        replay_entry(tokenizer, tasks_by_id[r.task_id], r.steps_json, p.env.max_turns, p.env.success_threshold)
+        replay_entry(tokenizer, tasks_by_id[r.task_id], r.steps_json, make_env)
         for r in rows.itertuples()
         if r.task_id in tasks_by_id
     ]

@@ -304,3 +304,9 @@ def test_episode_logs_are_compact_and_every_entity_is_a_listed_word():
                for w in re.findall(r"\b[a-z]+_\d+\b", text)}
         assert ids <= words, ids - words
         assert task.app in words and all(v in words for k, v in task.goal.items() if k in ("name", "room", "product", "title"))
+
+
+def test_params_name_the_same_families_as_the_environment():
+    from lopd.config import TOOLWORLD_FAMILIES
+
+    assert list(TOOLWORLD_FAMILIES) == FAMILIES

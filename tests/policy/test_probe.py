@@ -4,6 +4,8 @@ from types import SimpleNamespace
 
 import torch
 
+from lopd.config import load_params
+from lopd.envs.toolworld import environment as toolworld
 from lopd.envs.toolworld import make_tasks
 from lopd.policy.probe import action_accuracy, action_spans, expert_episodes
 from tests.helpers import tiny_model, tiny_tokenizer
@@ -33,7 +35,7 @@ def test_action_spans_are_the_runs_of_the_mask():
 
 def _episodes(n=8):
     tok = tiny_tokenizer()
-    return tok, expert_episodes(tok, make_tasks("dev", n), max_turns=8, success_threshold=0.8)
+    return tok, expert_episodes(tok, make_tasks("dev", n), toolworld.make(load_params("params.yaml", None)))
 
 
 def test_oracle_scores_every_action_right_and_keys_follow_families():

@@ -6,7 +6,8 @@ from helpers import tiny_tokenizer
 
 from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, make_tasks, run_episode
 from lopd.policy.rollout import tokenize_episode
-from lopd.policy.token_kinds import action_token_kinds, convention_start, copy_spans
+from lopd.envs.toolworld.experts import convention_start
+from lopd.policy.token_kinds import action_token_kinds, copy_spans
 
 
 def test_copy_spans_are_argument_values_without_quotes_or_the_whole_answer():
@@ -42,7 +43,7 @@ def test_action_token_kinds_split_every_action_token():
     tok = tiny_tokenizer()
     task, messages, ep = _episode(format="cents", prereq="required", commit="auto")
     ids, mask = tokenize_episode(tok, messages, ep["actions"], ep["observations"])
-    kinds = action_token_kinds(tok, task, ids, mask, ep["actions"], ep["observations"])
+    kinds = action_token_kinds(tok, task, ids, mask, ep["actions"], ep["observations"], convention_start)
     assert all((k is None) == (not m) for k, m in zip(kinds, mask))
     text = {kind: "".join(tok.decode([i]) for i, k in zip(ids, kinds) if k == kind) for kind in ("copied", "convention", "other")}
     name, dollars = task.goal["name"], str(task.goal["dollars"])

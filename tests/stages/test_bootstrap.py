@@ -32,7 +32,7 @@ def _experiences(messages) -> list[str]:
 def test_demos_come_from_pretraining_apps_only_and_are_seeded():
     p = _params()
     demos, plain, info = demonstrations(p)
-    allowed = {a for f in REGISTRY for a in pretrain_apps(f, p.env.pretrain_apps)}
+    allowed = {a for f in REGISTRY for a in pretrain_apps(f, p.toolworld.pretrain_apps)}
     assert len(demos) == len(plain) == info["n_demos"] == 160
     assert {APP_RE.search(m[1]["content"]).group(1) for m, _, _ in plain} <= allowed
     assert all(HEAD not in m[0]["content"] for m, _, _ in plain)  # the plain phase sees no experiences
@@ -99,9 +99,9 @@ def test_the_committed_base_is_refused_for_params_it_was_not_built_with(tmp_path
     (tmp_path / base_asset.RECORD).write_text(__import__("json").dumps(record))
     assert base_asset.check_recipe(p, tmp_path) == record
     assert "bootstrap.source" not in record["recipe"] and "model.path" not in record["recipe"]
-    assert "env.world_seed" in record["recipe"] and "bootstrap.lr" in record["recipe"]
-    with pytest.raises(ParamsError, match=r"env.world_seed = 1 \(committed base: 0\).*bootstrap.source=train"):
-        base_asset.check_recipe(_params(env__world_seed=1), tmp_path)
+    assert "toolworld.world_seed" in record["recipe"] and "bootstrap.lr" in record["recipe"]
+    with pytest.raises(ParamsError, match=r"toolworld.world_seed = 1 \(committed base: 0\).*bootstrap.source=train"):
+        base_asset.check_recipe(_params(toolworld__world_seed=1), tmp_path)
     assert base_asset.check_recipe(_params(bootstrap__eval_dev_tasks=7), tmp_path)  # evaluation sizes are not the recipe
     with pytest.raises(FileNotFoundError, match="bootstrap.source=train"):
         base_asset.read_record(tmp_path / "nothing")

@@ -12,7 +12,7 @@ from lopd.config import load_params
 from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, make_tasks, run_episode
 from lopd.latent.composer import Composer
 from lopd.memory.bank import BANK_COLUMNS
-from lopd.memory.lite import lite_text
+from lopd.envs.toolworld.lite import lite_text
 from lopd.policy.rollout import tokenize_episode
 from lopd.stages import cold_start
 from lopd.train.episodes import replay_entry
@@ -47,7 +47,7 @@ def test_replayed_bank_entry_is_the_tokenised_episode():
     env = ToolWorldEnv(task)
     ep = run_episode(env, ScriptedExpert())
     bank = _expert_bank([task])
-    episode = replay_entry(tok, task, bank.steps_json[0], max_turns=8, success_threshold=0.8)
+    episode = replay_entry(tok, task, bank.steps_json[0], lambda t: ToolWorldEnv(t, 8, 0.8))
     ids, mask = tokenize_episode(tok, ToolWorldEnv(task).initial_observation(), ep["actions"], ep["observations"])
     assert (episode.token_ids, episode.action_mask, episode.reward) == (ids, mask, 1.0)
     assert not any(mask[: episode.prompt_len]) and mask[episode.prompt_len] == 1
@@ -58,7 +58,7 @@ def test_cold_start_lowers_teacher_nll_and_never_touches_the_backbone(repo):
     tok = tiny_tokenizer()
     tasks = make_tasks("train", 8)
     bank = _expert_bank(tasks)
-    targets = [replay_entry(tok, t, s, 8, 0.8) for t, s in zip(tasks, bank.steps_json)]
+    targets = [replay_entry(tok, t, s, lambda t: ToolWorldEnv(t, 8, 0.8)) for t, s in zip(tasks, bank.steps_json)]
     backbone = tiny_model()
     before = {k: v.clone() for k, v in backbone.state_dict().items()}
     composer = Composer.build(backbone, tok, p.composer, seed=0)
@@ -76,7 +76,7 @@ def test_text_kl_cold_start_moves_the_latent_teacher_towards_the_text_teacher(re
     tok = tiny_tokenizer()
     tasks = make_tasks("train", 8)
     bank = _expert_bank(tasks)
-    targets = [replay_entry(tok, t, s, 8, 0.8) for t, s in zip(tasks, bank.steps_json)]
+    targets = [replay_entry(tok, t, s, lambda t: ToolWorldEnv(t, 8, 0.8)) for t, s in zip(tasks, bank.steps_json)]
     targets[0].reward, targets[0].success = 0.0, False  # failures are trained on too (KL), never as NLL targets
     composer = Composer.build(tiny_model(), tok, p.composer, seed=0)
     retriever = retriever_for(bank)
@@ -113,7 +113,7 @@ def test_privilege_metrics_are_finite_and_weighted_by_outcome(repo):
     tok = tiny_tokenizer()
     train, dev = make_tasks("train", 6), make_tasks("dev", 4)
     bank = _expert_bank(train)
-    dev_eps = [replay_entry(tok, t, s, 8, 0.8) for t, s in zip(dev, _expert_bank(dev).steps_json)]
+    dev_eps = [replay_entry(tok, t, s, lambda t: ToolWorldEnv(t, 8, 0.8)) for t, s in zip(dev, _expert_bank(dev).steps_json)]
     dev_eps[0].reward, dev_eps[0].success = 0.0, False  # one failure: A(τ) = −1 flips its δ
     composer = Composer.build(tiny_model(), tok, p.composer, seed=0)
     m = cold_start.privilege_metrics(p, composer, tiny_model(), tok, dev_eps, retriever_for(bank), bank)

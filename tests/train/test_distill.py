@@ -20,6 +20,7 @@ import torch
 from lopd import layout
 from lopd.config import ParamsError, load_params
 from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, run_episode
+from lopd.envs.toolworld.lite import lite_text
 from lopd.latent.composer import Composer
 from lopd.memory.bank import BANK_COLUMNS, expert_top_up, read_bank, round_numbers, round_path
 from lopd.policy.engine import make_engine, split_tasks
@@ -220,7 +221,7 @@ def test_round_end_appends_successes_and_rebuilds_the_index(project, tmp_path):
     tr.pending = []
     from lopd.memory.bank import bank_frame
 
-    tr.pending += bank_frame([win], {task.task_id: task}, "distill-lopd", tr.bank_version + 1).to_dict("records")
+    tr.pending += bank_frame([win], {task.task_id: task}, "distill-lopd", tr.bank_version + 1, lite_text).to_dict("records")
     tr.end_round(0)
     assert tr.bank_version == 1 and tr.added_rounds == [1] and tr.pending == []
     assert round_path(layout.distill_bank_dir(p), 1).exists() and tr.retriever.index.ntotal == n0 + 1

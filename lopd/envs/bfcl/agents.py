@@ -6,7 +6,7 @@ from lopd.envs.bfcl.data import BFCLTask
 from lopd.envs.bfcl.env import BFCLEnv
 from lopd.envs.bfcl.sandbox import parse_python_call
 from lopd.envs.toolworld.env import StepResult
-from lopd.envs.toolworld.protocol import format_tool_call
+from lopd.envs.protocol import format_tool_call
 
 
 def replay_actions(env: BFCLEnv, turn: int, drop_last: bool = False) -> list[str]:

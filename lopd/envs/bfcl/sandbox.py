@@ -23,7 +23,7 @@ import inspect
 import json
 from typing import Any, Iterable
 
-from lopd.envs.toolworld.protocol import CALL_RE, OPEN
+from lopd.envs.protocol import CALL_RE, OPEN
 
 MAX_CALL_CHARS = 20_000  # one call's JSON (or source); BFCL's longest ground-truth call is far shorter
 MAX_DEPTH = 8  # nesting of literal containers

@@ -5,7 +5,7 @@
   values cross the sandbox as plain data, the verdict is computed outside it;
 - :mod:`.tasks`, :mod:`.env`, :mod:`.experts`: the multi-turn environment and its scripted agents;
 - :mod:`.hostile`: candidates that try to cheat or escape, each of which must score 0;
-- :mod:`.passk`: the unbiased pass@k estimator.
+- ``humaneval_pass_at_k``: the unbiased pass@k estimator (:mod:`lopd.envs.passk`, shared: the evaluate stage uses it).
 """
 
 from . import hostile
@@ -13,7 +13,7 @@ from .checks import ProblemParseError, ProblemTests, parse_problem
 from .env import CodeEnv, StepResult, bank_entry, extract_code, observation_lite
 from .experts import CanonicalExpert, null_solution, run_episode
 from .grading import Verdict, grade
-from .passk import humaneval_pass_at_k
+from lopd.envs.passk import humaneval_pass_at_k
 from .sandbox import (SandboxError, SandboxLimits, SandboxResult, SandboxUnavailable, run_python, sandbox_available,
                       sandbox_unavailable_reason)
 from .tasks import SPLIT_SIZES, CodeTask, load_tasks

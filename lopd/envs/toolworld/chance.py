@@ -26,7 +26,7 @@ from .apps import NEW, PRETRAIN
 from .env import ToolWorldEnv
 from .experts import History, observed, render, run_episode
 from .families import REGISTRY
-from .protocol import parse_action
+from lopd.envs.protocol import parse_action
 from .tasks import Task
 
 

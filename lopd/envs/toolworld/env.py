@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .families import REGISTRY
 from .families.base import ToolError
-from .protocol import dump, error_observation, format_tool_call, parse_action
+from lopd.envs.protocol import dump, error_observation, format_tool_call, parse_action
 from .tasks import Task
 
 __all__ = ["StepResult", "ToolWorldEnv", "format_tool_call", "parse_action"]

@@ -7,12 +7,12 @@ showed, which calls succeeded), so it recovers from any earlier mistake it can r
 from __future__ import annotations
 
 import random
-from typing import Protocol
+from typing import Protocol, Sequence
 
 from .env import ToolWorldEnv
 from .families import REGISTRY
 from .families.base import ID_RE, Done, Step, typo_id
-from .protocol import format_tool_call, load_observation, parse_action
+from lopd.envs.protocol import format_tool_call, load_observation, parse_action
 from .tasks import Task
 
 History = list[tuple[str, str | None]]
@@ -100,3 +100,20 @@ def run_episode(env: ToolWorldEnv, agent: Agent) -> dict:
             break
     return {"actions": [a for a, _ in history], "observations": [o for _, o in history], "shorts": shorts,
             "reward": result.reward, "success": result.info["success"], "n_turns": len(history)}
+
+
+def convention_start(task: Task, actions: Sequence[str], observations: Sequence[str | None], i: int) -> int | None:
+    """Character offset in ``actions[i]`` from which a flipped convention would change it (None: it would not,
+    or the action is not the plan's): where the convention tokens start (``lopd.policy.token_kinds``)."""
+    fam = REGISTRY[task.family]
+    done = observed(list(zip(actions[:i], observations[:i])))
+    plan = render(fam.next_step(task.goal, task.conventions, done))
+    if actions[i].strip() != plan:
+        return None
+    starts = []
+    for key, (a, b) in fam.options.items():
+        flipped = {**task.conventions, key: b if task.conventions[key] == a else a}
+        other = render(fam.next_step(task.goal, flipped, done))
+        if other != plan:
+            starts.append(next((k for k, (x, y) in enumerate(zip(plan, other)) if x != y), min(len(plan), len(other))))
+    return min(starts) if starts else None

@@ -28,7 +28,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-from ..protocol import format_tool_call
+from ...protocol import format_tool_call
 
 ID_RE = re.compile(r"^[a-z]+_\d+$")
 ID_RANGE = (10, 59)  # two digits: ids stay short, and the embedded tokenizer keeps each one whole

@@ -1,12 +1,12 @@
-"""Observation-lite text (spec step 1): the task plus each action with its short result.
+"""ToolWorld's observation-lite text (spec step 1): the task plus each action with its short result.
 
 The bank stores it, retrieval embeds it, the composer reads it, and the bootstrap shows it to
-the base in the teacher's framing sentence.
+the base in the teacher's framing sentence (the environment's ``lite_text``).
 """
 
 from __future__ import annotations
 
-from lopd.envs.toolworld import parse_action
+from lopd.envs.protocol import parse_action
 
 
 def lite_step(action: str, short: str) -> str:

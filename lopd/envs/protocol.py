@@ -1,4 +1,4 @@
-"""The action protocol shared by the environment and the experts (Qwen3/Hermes style).
+"""The tool-call protocol shared by the environments and their experts (Qwen3/Hermes style): ToolWorld and BFCL.
 
 A turn is either exactly one ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
 or plain text, which is the final answer. Tool results and errors are compact JSON.
