@@ -312,7 +312,7 @@ def run(p: Params) -> dict:
             rows = teacher_success(p, student, tokenizer, ts_tasks, exps, {"latents": composer}, seed=derive_seed(p.seed, "teacher-success"))
             metrics["teacher_success"] = {"tasks": len(ts_tasks), **rows}
             log.info("cold start: teacher success on %d dev tasks: %s", len(ts_tasks),
-                     ", ".join(f"{k} {v['success']:.3f} (new apps {v['success_new']})" for k, v in rows.items()))
+                     ", ".join(f"{k} {v['success']:.3f}" + (f" (new apps {v['success_new']})" if "success_new" in v else "") for k, v in rows.items()))
             mlflow.log_metrics({f"teacher_success_{k}": v["success"] for k, v in rows.items()})
         metrics.update(
             n_bank=len(bank),

@@ -318,7 +318,7 @@ def run(p: Params) -> dict:
     from lopd.ops.tracking import stage_run
     from lopd.policy.engine import environment, make_engine, split_tasks
     from lopd.policy.modeling import load_policy
-    from lopd.stages import humaneval
+    from lopd.stages.humaneval import evaluate_humaneval
     from lopd.train.onpolicy import derive_seed
 
     methods = evaluated_methods(p)
@@ -344,7 +344,7 @@ def run(p: Params) -> dict:
                 results[m]["reward_diff_vs_vanilla"] = paired_diff(trajs, trajs_by_method["vanilla"], ci)
             log.info("evaluate %s: success %.3f, reward %.3f", m, results[m]["success_rate"], results[m]["mean_reward"])
             for b in extra:  # the same student on each requested benchmark
-                run_benchmark = humaneval.evaluate_humaneval if b == "humaneval" else evaluate_bfcl
+                run_benchmark = evaluate_humaneval if b == "humaneval" else evaluate_bfcl
                 benchmarks[b][m] = run_benchmark(p, b, model, tok, seed=derive_seed(p.seed, b), warned=warned)
             del model
         chance = env.chance(tasks, groups) if env.chance else None  # the same tasks, no learning

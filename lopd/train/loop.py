@@ -125,7 +125,7 @@ def dev_eval(p: Params, engine, dev_tasks: Sequence, dp: DataParallel = DataPara
     trajs = dp.gather(engine.run(dp.split(dev_tasks), 1, seed=derive_seed(p.seed, "dev"), id_prefix="dev", progress=False))
     groups = success_by_group(p, dev_tasks, trajs)
     return {"dev_reward": sum(t.reward for t in trajs) / len(trajs), "dev_success": sum(t.success for t in trajs) / len(trajs),
-            "dev_success_pretrain": groups["pretrain"], "dev_success_new": groups["new"]}
+            **{f"dev_success_{g}": v for g, v in groups.items()}}  # per report group (ToolWorld: pretrain, new)
 
 
 def export_student(student, tokenizer, path: Path, updater=None, dp: DataParallel = DataParallel()) -> None:
