@@ -103,6 +103,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "ui":
         return _ui(args, params)
+    if args.command != "sweep-report":
+        from lopd.envs.registry import get_environment
+
+        try:  # env.name's environment is built here, so that one it cannot build fails before any compute
+            get_environment(params)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     if getattr(args, "nproc", 1) != 1:
         return _launch(args, params, argv if argv is not None else sys.argv[1:])
     if args.command == "sweep":

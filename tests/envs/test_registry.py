@@ -63,3 +63,15 @@ def test_bfcl_is_a_test_only_environment(repo):
     assert len(env.tasks("test", 2)) == 2
     with pytest.raises(ValueError, match="no train split"):
         env.tasks("train", 1)
+
+
+def test_code_without_its_sandbox_fails_in_one_line_before_any_compute(repo, tmp_path, monkeypatch, capsys):
+    import lopd.envs.code.environment as code_env
+    from lopd.cli import main
+
+    monkeypatch.setattr(code_env, "sandbox_unavailable_reason", lambda: "user namespaces are disabled here")
+    rc = main(["-q", "bootstrap", "--params", str(repo / "params.yaml"), "--profile", "smoke",
+               "--set", f"paths.root={tmp_path}", "--set", "env.name=code"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "env.name = code needs the code sandbox" in err and "user namespaces are disabled here" in err
+    assert not (tmp_path / "models").exists()
