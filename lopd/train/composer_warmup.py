@@ -36,15 +36,31 @@ class WarmupResult:
     token_accuracy: float  # held-out pairs: latents whose nearest embedding row is the target token
 
 
-def target_ids(tokenizer, experiences: Sequence[str], k: int) -> Tensor:
-    """``(N, K)`` ids of each experience's last ``k`` tokens, left-padded with the pad id."""
+def target_ids(tokenizer, experiences: Sequence[str], k: int, end: str = "last") -> Tensor:
+    """``(N, K)`` ids of each experience's last ``k`` tokens, left-padded with the pad id
+    (``end="first"``: its first ``k``, right-padded; the ceiling benchmark's other row)."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     out = torch.full((len(experiences), k), pad, dtype=torch.long)
     for i, text in enumerate(experiences):
-        ids = encode(tokenizer, text)[-k:]
-        if ids:
-            out[i, k - len(ids):] = torch.tensor(ids, dtype=torch.long)
+        ids = encode(tokenizer, text)
+        if end == "last" and ids[-k:]:
+            out[i, k - len(ids[-k:]):] = torch.tensor(ids[-k:], dtype=torch.long)
+        elif end == "first" and ids:
+            out[i, : len(ids[:k])] = torch.tensor(ids[:k], dtype=torch.long)
     return out
+
+
+class TokenEmbeddingLatents:
+    """A stand-in composer whose latents are the *true* embeddings of each experience's ``end`` K
+    tokens: the best any K latents per experience that imitate tokens could do (a ceiling)."""
+
+    def __init__(self, model, tokenizer, k: int, end: str = "last"):
+        self.embed, self.tokenizer, self.k, self.end = model.get_input_embeddings(), tokenizer, k, end
+
+    @torch.no_grad()
+    def __call__(self, tasks: Sequence[str], experiences: Sequence[Sequence[str]]) -> Tensor:
+        ids_BL = torch.stack([target_ids(self.tokenizer, exps, self.k, self.end).reshape(-1) for exps in experiences])
+        return self.embed(ids_BL.to(self.embed.weight.device)).float()
 
 
 def _embeddings(composer: Composer) -> Tensor:

@@ -60,3 +60,16 @@ def test_warmup_without_pairs_is_a_clear_error():
     composer = Composer.build(tiny_model(), tiny_tokenizer(), ComposerParams(num_latents=2, depth=1, num_heads=2), seed=0)
     with pytest.raises(ValueError, match="no \\(task, experience\\) pairs"):
         composer_warmup.warmup(composer, tiny_tokenizer(), [], [], steps=1, lr=1e-3, batch_size=1, grad_clip=1.0, seed=0)
+
+
+def test_first_k_targets_are_right_padded_and_ceiling_latents_are_the_token_embeddings():
+    tok = tiny_tokenizer()
+    text, short = "find_payee(name='Bob') -> p1\npay(payee='p1', amount=34)", "confirm()"
+    ids = composer_warmup.target_ids(tok, [text, short], k=4, end="first")
+    n = len(encode(tok, short))
+    assert ids[0].tolist() == encode(tok, text)[:4] and ids[1, :n].tolist() == encode(tok, short)
+    assert (ids[1, n:] == tok.pad_token_id).all()
+    model = tiny_model()
+    lat_BLD = composer_warmup.TokenEmbeddingLatents(model, tok, k=4)(["task"], [[text, short]])
+    want = model.get_input_embeddings()(composer_warmup.target_ids(tok, [text, short], k=4).reshape(-1))
+    assert lat_BLD.shape == (1, 8, model.config.hidden_size) and torch.equal(lat_BLD[0], want)
