@@ -9,11 +9,14 @@ the same sampling seed, this rolls out the frozen base
 - with the latents of the cold-start composer φ0 (``models/composer``), and
 - with the latents of each ``--composer`` given (e.g. LOPD's final φ of a sweep seed,
   ``runs/sweep/seed0/models/checkpoints/distill/lopd/composer``),
+- with ``--ceiling last`` / ``--ceiling first``: "latents" that are the true token embeddings of
+  each experience's last / first K tokens (``composer.num_latents``): what K latents per
+  experience could give if they wrote tokens perfectly (the warm-up's target is ``last``),
 
 and prints success overall and per app group (pre-training apps / new apps), with the mean
 reward. ``--out`` writes the table as JSON.
 
-    .venv/bin/python benchmarks/teacher_success.py [--profile demo] [--tasks 200] [--composer DIR ...] [--out F]
+    .venv/bin/python benchmarks/teacher_success.py [--profile demo] [--tasks 200] [--composer DIR ...] [--ceiling last] [--out F]
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from lopd.latent.teacher_rollout import teacher_success
 from lopd.memory.retrieval import open_retriever
 from lopd.policy.engine import split_tasks
 from lopd.policy.modeling import load_policy
+from lopd.train.composer_warmup import TokenEmbeddingLatents
 from lopd.train.onpolicy import derive_seed
 
 
@@ -40,6 +44,8 @@ def main() -> None:
     ap.add_argument("--profile", default="demo")
     ap.add_argument("--tasks", type=int, default=200, help="dev tasks, one sample each")
     ap.add_argument("--composer", action="append", default=[], metavar="DIR", help="another composer's directory (repeatable)")
+    ap.add_argument("--ceiling", action="append", default=[], choices=["last", "first"],
+                    help="a row whose latents are the embeddings of each experience's last / first K tokens (repeatable)")
     ap.add_argument("--out", default=None, help="write the table as JSON here")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     a = ap.parse_args()
@@ -55,6 +61,8 @@ def main() -> None:
     for name, path in [("latents_phi0", layout.composer_dir(p)), *((f"latents:{d}", Path(d)) for d in a.composer)]:
         backbone, _ = load_policy(layout.policy_path(p), p.model.dtype)
         composers[name] = Composer.load(backbone, tok, path).eval()
+    for end in a.ceiling:
+        composers[f"ceiling_{end}{p.composer.num_latents}"] = TokenEmbeddingLatents(base, tok, p.composer.num_latents, end)
     # the seed metrics/cold_start.json's teacher_success uses: the two agree on the same composer
     rows = teacher_success(p, base, tok, tasks, exps, composers, seed=derive_seed(p.seed, "teacher-success"))
 

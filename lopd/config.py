@@ -185,6 +185,10 @@ class ColdStartParams(_Section):
     lr_schedule: Literal["constant", "cosine"] = Field("constant", description="constant (spec) or cosine decay after a 10 % linear warm-up")
     probe_tasks: int = Field(3, ge=0, description="Dev tasks whose latents are projected to their nearest vocabulary tokens (artifact)")
     teacher_success_tasks: int = Field(200, ge=0, description="Dev tasks the teacher is rolled out on with no context, the experiences as text, and the latents (one sample each; 0 = skip)")
+    warmup_steps: int = Field(0, ge=0, description="Autoencoding warm-up before the objective: steps regressing each experience's K latents onto the embeddings of its last K tokens (0 = off, the spec's cold start)")
+    warmup_lr: float = Field(1e-3, gt=0.0, description="Warm-up learning rate (10 % linear warm-up, then cosine to 0)")
+    warmup_batch_size: int = Field(16, ge=1, description="(task, retrieved experience) pairs per warm-up step")
+    warmup_tasks: int = Field(1024, ge=1, description="Train tasks (every app alike) whose retrieved experiences the warm-up autoencodes, n_ret pairs each")
 
 
 class DistillParams(_Section):

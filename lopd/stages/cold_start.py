@@ -42,6 +42,7 @@ from lopd.memory.bank import BankError, read_bank
 from lopd.policy.engine import make_engine, split_tasks, train_tasks_by_id
 from lopd.policy.scoring import token_logprobs
 from lopd.train.episodes import Episode, Timer, bank_episodes, from_expert, initial_messages, student_batch, teacher_batch, to_episodes
+from lopd.train import composer_warmup
 from lopd.train.losses import cold_start_loss, masked_mean, privilege, text_to_latent_kl, trajectory_margin
 from lopd.train.onpolicy import derive_seed
 
@@ -144,14 +145,22 @@ def lr_lambda(schedule: str, total: int):
     return lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1.0 + math.cos(math.pi * (s - warmup) / max(1, total - warmup)))
 
 
-def train(p: Params, composer: Composer, tokenizer, targets: list[Episode], retriever, on_step=None) -> tuple[list[float], Timer]:
-    """The cold start: ``cold_start.objective`` on each batch of targets, latents of their retrieved peers."""
+def retrieved_lite(p: Params, retriever, tasks: Sequence) -> list[list[str]]:
+    """The observation-lite texts of each task's ``retrieval.n_ret`` retrieved experiences."""
+    return [[x["lite_text"] for x in hits] for hits in retriever.retrieve_batch(list(tasks), p.retrieval.n_ret)]
+
+
+def train(p: Params, composer: Composer, tokenizer, targets: list[Episode], retriever, on_step=None,
+          experiences: list[list[str]] | None = None) -> tuple[list[float], Timer]:
+    """The cold start: ``cold_start.objective`` on each batch of targets, latents of their retrieved peers
+    (``experiences``, one list per target; retrieved here when not given)."""
     c = p.cold_start
     params = composer.trainable_parameters()
     opt = torch.optim.AdamW(params, lr=c.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(c.lr_schedule, c.epochs * math.ceil(len(targets) / c.batch_size)))
     rng = random.Random(p.seed)
-    experiences = [[x["lite_text"] for x in hits] for hits in retriever.retrieve_batch([e.task for e in targets], p.retrieval.n_ret)]
+    if experiences is None:
+        experiences = retrieved_lite(p, retriever, [e.task for e in targets])
     losses, timer = [], Timer()
     bs = c.batch_size
     bar = tqdm(total=c.epochs * math.ceil(len(targets) / bs), desc=f"cold start ({c.objective})", unit="step", leave=False)
@@ -263,6 +272,35 @@ def latent_probe(composer: Composer, tokenizer, tasks: Sequence, experiences: Se
     return "\n".join(lines)
 
 
+def warmup_pairs(p: Params, retriever, split: str, n_tasks: int) -> list[tuple[str, str]]:
+    """(task text, retrieved experience) pairs of the first ``n_tasks`` tasks of ``split``.
+
+    Tasks, not bank entries: the bank holds the base's successes, mostly at apps it already
+    knows, while distillation meets every app alike."""
+    tasks = split_tasks(p, split, n_tasks)
+    return [(t.text, x) for t, exps in zip(tasks, retrieved_lite(p, retriever, tasks)) for x in exps]
+
+
+def run_warmup(p: Params, composer: Composer, tokenizer, retriever, eval_tasks: int = 32) -> dict:
+    """The autoencoding warm-up (``cold_start.warmup_*``) on ``warmup_tasks`` train tasks' (task, retrieved
+    experience) pairs; its reconstruction accuracy on ``eval_tasks`` dev tasks' pairs."""
+    import mlflow
+
+    c = p.cold_start
+    pairs, eval_pairs = warmup_pairs(p, retriever, "train", c.warmup_tasks), warmup_pairs(p, retriever, "dev", eval_tasks)
+    t0 = time.perf_counter()
+    result = composer_warmup.warmup(composer, tokenizer, pairs, eval_pairs, c.warmup_steps, c.warmup_lr, c.warmup_batch_size,
+                                    p.distill.grad_clip, seed=derive_seed(p.seed, "composer-warmup"),
+                                    on_step=lambda step, loss: mlflow.log_metric("warmup_loss", loss, step=step))
+    out = {"steps": c.warmup_steps, "pairs": len(pairs), "first_loss": result.losses[0],
+           "final_loss": sum(result.losses[-10:]) / len(result.losses[-10:]),
+           "dev_token_accuracy": result.token_accuracy, "wall_s": time.perf_counter() - t0}
+    log.info("composer warm-up: %d steps on %d pairs, loss %.3f -> %.3f, dev token accuracy %.3f",
+             c.warmup_steps, len(pairs), out["first_loss"], out["final_loss"], result.token_accuracy)
+    mlflow.log_metrics({"warmup_final_loss": out["final_loss"], "warmup_dev_token_accuracy": result.token_accuracy})
+    return out
+
+
 def run(p: Params) -> dict:
     """Cold-start the composer, save φ₀ to ``models/composer/``, write ``metrics/cold_start.json``."""
     import mlflow
@@ -289,10 +327,13 @@ def run(p: Params) -> dict:
         log.info("cold start (%s): %d bank entries, %d targets, n_ret=%d, K=%d", p.cold_start.objective, len(bank), len(targets),
                  p.retrieval.n_ret, p.composer.num_latents)
 
+        experiences = retrieved_lite(p, retriever, [e.task for e in targets])
+        warmup_metrics = run_warmup(p, composer, tokenizer, retriever) if p.cold_start.warmup_steps else None
+
         def on_step(step, loss, parts):
             mlflow.log_metrics({"cold_start_loss": loss, **{f"cold_start_{k}": v for k, v in parts.items()}}, step=step)
 
-        losses, timer = train(p, composer, tokenizer, targets, retriever, on_step)
+        losses, timer = train(p, composer, tokenizer, targets, retriever, on_step, experiences)
         with atomic_path(layout.composer_dir(p)) as tmp:
             composer.save(tmp)
 
@@ -314,6 +355,8 @@ def run(p: Params) -> dict:
             log.info("cold start: teacher success on %d dev tasks: %s", len(ts_tasks),
                      ", ".join(f"{k} {v['success']:.3f}" + (f" (new apps {v['success_new']})" if "success_new" in v else "") for k, v in rows.items()))
             mlflow.log_metrics({f"teacher_success_{k}": v["success"] for k, v in rows.items()})
+        if warmup_metrics:
+            metrics["warmup"] = warmup_metrics
         metrics.update(
             n_bank=len(bank),
             objective=p.cold_start.objective,

@@ -169,6 +169,16 @@ def cold_start_loss(
     raise ValueError(f"cold_start.objective = {objective!r}: allowed nll, text_kl, mix")
 
 
+def latent_reconstruction(latents_NKD: Tensor, target_NKD: Tensor, scale: float) -> Tensor:
+    """Scalar ‖c_φ − e‖² per latent slot (summed over D, averaged over N·K), divided by ``scale``.
+
+    ``target_NKD``: the token embeddings the latents should reproduce (a constant); ``scale``: the
+    mean squared norm of an embedding row, so latents at the origin score 1.0 on any backbone.
+    The composer's autoencoding warm-up (``lopd.train.composer_warmup``).
+    """
+    return (latents_NKD - target_NKD.detach()).pow(2).sum(-1).mean() / scale
+
+
 def dual_update(beta: float, margin: float, margin_delta: float | Tensor, eta_beta: float) -> float:
     """Dual ascent on β: β ← max(0, β + η_β·(m − Δ)). Grows while the teacher's margin is short of m."""
     return max(0.0, float(beta) + eta_beta * (margin - float(margin_delta)))

@@ -135,3 +135,19 @@ def test_too_small_bank_is_a_clear_error_before_any_training(repo, tmp_path):
     _expert_bank(make_tasks("train", 2)).to_parquet(path)
     with pytest.raises(DataValidationError, match="bank holds 2 successful trajectories, fewer than bank.min_size = 5"):
         cold_start.run(p)
+
+
+def test_warmup_stage_autoencodes_train_tasks_pairs_and_reports_dev_accuracy(repo, tmp_path):
+    import mlflow
+
+    p = _params(repo, **{"cold_start.warmup_steps": 4, "cold_start.warmup_tasks": 5, "cold_start.warmup_batch_size": 3})
+    tok = tiny_tokenizer()
+    retriever = retriever_for(_expert_bank(make_tasks("train", 8)))
+    pairs = cold_start.warmup_pairs(p, retriever, "train", 5)
+    assert len(pairs) == 5 * p.retrieval.n_ret and {t for t, _ in pairs} == {t.text for t in make_tasks("train", 5)}
+    composer = Composer.build(tiny_model(), tok, p.composer, seed=0)
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with mlflow.start_run():
+        out = cold_start.run_warmup(p, composer, tok, retriever, eval_tasks=2)
+    assert out["steps"] == 4 and out["pairs"] == len(pairs)
+    assert 0.0 <= out["dev_token_accuracy"] <= 1.0 and out["final_loss"] < out["first_loss"]
