@@ -41,8 +41,8 @@ from lopd.latent.teacher_rollout import teacher_success
 from lopd.memory.bank import BankError, read_bank
 from lopd.policy.engine import make_engine, split_tasks, train_tasks_by_id
 from lopd.policy.scoring import token_logprobs
-from lopd.train.episodes import Episode, Timer, bank_episodes, from_expert, initial_messages, student_batch, teacher_batch, to_episodes
 from lopd.train import composer_warmup
+from lopd.train.episodes import Episode, Timer, bank_episodes, from_expert, initial_messages, student_batch, teacher_batch, to_episodes
 from lopd.train.losses import cold_start_loss, masked_mean, privilege, text_to_latent_kl, trajectory_margin
 from lopd.train.onpolicy import derive_seed
 

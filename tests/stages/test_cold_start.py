@@ -11,8 +11,8 @@ import torch
 from lopd.config import load_params
 from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, make_tasks, run_episode
 from lopd.latent.composer import Composer
-from lopd.memory.bank import BANK_COLUMNS
 from lopd.envs.toolworld.lite import lite_text
+from lopd.memory.bank import BANK_COLUMNS
 from lopd.policy.rollout import tokenize_episode
 from lopd.stages import cold_start
 from lopd.train.episodes import replay_entry

@@ -8,7 +8,7 @@ import torch
 from lopd.config import ComposerParams
 from lopd.envs.toolworld import ScriptedExpert, ToolWorldEnv, make_tasks, run_episode
 from lopd.latent.composer import Composer
-from lopd.memory.lite import lite_text
+from lopd.envs.toolworld.lite import lite_text
 from lopd.policy.chat import encode
 from lopd.train import composer_warmup
 from lopd.train.losses import latent_reconstruction
