@@ -137,17 +137,21 @@ def test_too_small_bank_is_a_clear_error_before_any_training(repo, tmp_path):
         cold_start.run(p)
 
 
-def test_warmup_stage_autoencodes_train_tasks_pairs_and_reports_dev_accuracy(repo, tmp_path):
+def test_warmup_stage_autoencodes_train_tasks_pairs_and_reports_dev_accuracy(repo, monkeypatch):
     import mlflow
+
+    from lopd.policy.engine import split_tasks
 
     p = _params(repo, **{"cold_start.warmup_steps": 4, "cold_start.warmup_tasks": 5, "cold_start.warmup_batch_size": 3})
     tok = tiny_tokenizer()
     retriever = retriever_for(_expert_bank(make_tasks("train", 8)))
     pairs = cold_start.warmup_pairs(p, retriever, "train", 5)
-    assert len(pairs) == 5 * p.retrieval.n_ret and {t for t, _ in pairs} == {t.text for t in make_tasks("train", 5)}
+    assert len(pairs) == 5 * p.retrieval.n_ret and {t for t, _ in pairs} == {t.text for t in split_tasks(p, "train", 5)}
+    logged = []  # what the stage sends to MLflow (the stage run is opened by the caller)
+    monkeypatch.setattr(mlflow, "log_metric", lambda k, v, step=None: logged.append((k, step)))
+    monkeypatch.setattr(mlflow, "log_metrics", lambda d, step=None: logged.extend((k, step) for k in d))
     composer = Composer.build(tiny_model(), tok, p.composer, seed=0)
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    with mlflow.start_run():
-        out = cold_start.run_warmup(p, composer, tok, retriever, eval_tasks=2)
+    out = cold_start.run_warmup(p, composer, tok, retriever, eval_tasks=2)
     assert out["steps"] == 4 and out["pairs"] == len(pairs)
     assert 0.0 <= out["dev_token_accuracy"] <= 1.0 and out["final_loss"] < out["first_loss"]
+    assert [s for k, s in logged if k == "warmup_loss"] == [0, 1, 2, 3] and ("warmup_dev_token_accuracy", None) in logged
