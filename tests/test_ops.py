@@ -265,6 +265,15 @@ def test_deployment_run_watch_ends_completed(served, first_run):
     automations = server.post("/automations/filter", {})
     assert [a["trigger"]["match"]["prefect.resource.id"] for a in automations if a["name"] == "retrain when the bank grows"] == [
         f"lopd.bank.{(repo / 'data' / 'bank').resolve()}"]
+    # MLflow (the copy's own store): one parent run for the flow run, every stage's run nested under it
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{repo / 'mlruns' / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=[p.tracking.experiment], output_format="list")
+    parents = [r for r in runs if r.data.tags.get("stage") == "pipeline" and r.info.run_name.startswith("flow-smoke-seed0-")]
+    assert parents and all(r.info.status == "FINISHED" for r in parents), [r.info.run_name for r in runs]
+    nested = [{r.data.tags.get("stage") for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id} for parent in parents]
+    assert any(stages >= set(STAGES) for stages in nested), nested
 
 
 @pytest.mark.slow

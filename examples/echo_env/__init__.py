@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from lopd.envs.episode import StepResult
 from lopd.envs.registry import Environment
 
 WORDS = ("apple", "river", "stone", "cloud", "amber", "maple", "otter", "piano", "quartz", "raven",
@@ -40,14 +41,6 @@ class EchoTask:
     @property
     def text(self) -> str:
         return f"Repeat this word exactly: {self.word}"
-
-
-@dataclass
-class StepResult:
-    observation: str | None
-    reward: float
-    done: bool
-    info: dict
 
 
 class EchoEnv:

@@ -21,6 +21,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
+from lopd.envs.episode import run_episode
+
 SPLITS = ("train", "dev", "test")
 # name -> "module:factory", imported only when chosen (a concrete environment is never imported elsewhere).
 BUILTINS = {
@@ -81,16 +83,7 @@ class Environment:
 
     def play(self, task, agent) -> dict:
         """``agent`` through one episode of ``task``: actions, observations, shorts, reward, success."""
-        env = self.make_env(task)
-        history: list[tuple[str, str | None]] = []
-        shorts, result = [], None
-        while result is None or not result.done:
-            action = agent.act(task, history)
-            result = env.step(action)
-            history.append((action, result.observation))
-            shorts.append(result.info.get("short", ""))
-        return {"actions": [a for a, _ in history], "observations": [o for _, o in history], "shorts": shorts,
-                "reward": result.reward, "success": bool(result.info.get("success", False)), "n_turns": len(history)}
+        return run_episode(self.make_env(task), agent, task)
 
     def group_of(self, tasks: Sequence) -> dict[str, str]:
         """task id -> group ({} when the environment has no grouping)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from lopd.envs.bfcl.data import BFCLTask
 from lopd.envs.bfcl.env import BFCLEnv
 from lopd.envs.bfcl.sandbox import parse_python_call
-from lopd.envs.toolworld.env import StepResult
+from lopd.envs.episode import StepResult
 from lopd.envs.protocol import format_tool_call
 
 

@@ -22,7 +22,7 @@ import json
 
 from lopd.envs.bfcl.data import BFCLTask, function_docs
 from lopd.envs.bfcl.sandbox import Rejected, Sandbox, parse_python_call, parse_tool_calls
-from lopd.envs.toolworld.env import StepResult
+from lopd.envs.episode import StepResult
 from lopd.envs.protocol import OPEN
 
 # BFCL's parameter types as JSON-schema types (what a Qwen3 tools block expects).

@@ -16,7 +16,8 @@ trainers read the final step's, so it is the last attempt's. ``info`` of every s
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from lopd.envs.episode import StepResult
 
 from .grading import grade
 from .sandbox import SandboxLimits
@@ -28,16 +29,6 @@ SYSTEM_PROMPT = ("You are an expert Python programmer. Answer with the complete 
                  "After each attempt you are shown the test results; fix the code until every test passes.")
 NO_CODE = "no ```python block found: answer with the complete function in one ```python block"
 CODE_RE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\r?\n(.*?)```", re.S | re.I)
-
-
-@dataclass
-class StepResult:
-    """What one assistant action produced."""
-
-    observation: str | None
-    reward: float
-    done: bool
-    info: dict
 
 
 def extract_code(action: str) -> str | None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from lopd.envs import episode
+from lopd.envs.episode import History
+
 from .env import CodeEnv
 from .tasks import CodeTask
 
-History = list[tuple[str, str | None]]
 
 
 class Agent(Protocol):
@@ -38,15 +40,4 @@ class CanonicalExpert:
 
 def run_episode(env: CodeEnv, agent: Agent) -> dict:
     """Play ``agent`` in ``env`` to the end: the fields :func:`~.env.bank_entry` and the collectors read."""
-    history: History = []
-    shorts = []
-    while True:
-        action = agent.act(env.task, history)
-        result = env.step(action)
-        history.append((action, result.observation))
-        shorts.append(result.info["short"])
-        if result.done:
-            break
-    return {"task_id": env.task.task_id, "task_text": env.task.text, "actions": [a for a, _ in history],
-            "observations": [o for _, o in history], "shorts": shorts, "reward": result.reward,
-            "success": result.info["success"], "n_turns": len(history)}
+    return {"task_id": env.task.task_id, "task_text": env.task.text, **episode.run_episode(env, agent)}

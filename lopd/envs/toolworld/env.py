@@ -4,26 +4,16 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
 
 from .families import REGISTRY
 from .families.base import ToolError
+from lopd.envs.episode import StepResult
 from lopd.envs.protocol import dump, error_observation, format_tool_call, parse_action
 from .tasks import Task
 
 __all__ = ["StepResult", "ToolWorldEnv", "format_tool_call", "parse_action"]
 
 SHORT_MAX = 60
-
-
-@dataclass
-class StepResult:
-    """What one assistant action produced."""
-
-    observation: str | None
-    reward: float
-    done: bool
-    info: dict
 
 
 def _clip(text: str) -> str:

@@ -9,13 +9,12 @@ from __future__ import annotations
 import random
 from typing import Protocol, Sequence
 
-from .env import ToolWorldEnv
 from .families import REGISTRY
 from .families.base import ID_RE, Done, Step, typo_id
+from lopd.envs.episode import History, run_episode  # noqa: F401  (run_episode: re-exported, ToolWorld's agents play through it)
 from lopd.envs.protocol import format_tool_call, load_observation, parse_action
 from .tasks import Task
 
-History = list[tuple[str, str | None]]
 # How mistakes split: mechanical slips the tools reject (the expert recovers), premature
 # final answers (e.g. a skipped confirmation), and the family's own misconceptions.
 SLIP_SHARE, QUIT_SHARE = 0.15, 0.3
@@ -87,19 +86,6 @@ class NoisyExpert:
         return render(step)[: -len("}</tool_call>")] + "</tool_call>"
 
 
-def run_episode(env: ToolWorldEnv, agent: Agent) -> dict:
-    """Play ``agent`` in ``env`` to the end."""
-    history: History = []
-    shorts = []
-    while True:
-        action = agent.act(env.task, history)
-        result = env.step(action)
-        history.append((action, result.observation))
-        shorts.append(result.info["short"])
-        if result.done:
-            break
-    return {"actions": [a for a, _ in history], "observations": [o for _, o in history], "shorts": shorts,
-            "reward": result.reward, "success": result.info["success"], "n_turns": len(history)}
 
 
 def convention_start(task: Task, actions: Sequence[str], observations: Sequence[str | None], i: int) -> int | None:
