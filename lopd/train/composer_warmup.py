@@ -107,11 +107,11 @@ def warmup(
     params = composer.trainable_parameters()
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     sched = get_cosine_schedule_with_warmup(opt, num_warmup_steps=max(1, steps // 10), num_training_steps=steps)
-    rng = random.Random(seed)
+    rng, pairs = random.Random(seed), list(pairs)
     losses = []
     composer.train()
     for step in tqdm(range(steps), desc="composer warm-up (autoencoding)", unit="step", leave=False):
-        batch = rng.sample(list(pairs), min(batch_size, len(pairs)))
+        batch = rng.sample(pairs, min(batch_size, len(pairs)))
         target_NKD = emb_VD[torch.stack([targets[x] for _, x in batch]).to(emb_VD.device)]
         loss = latent_reconstruction(_latents(composer, batch), target_NKD, scale)
         opt.zero_grad(set_to_none=True)
