@@ -126,8 +126,13 @@ def intervals_separate(a: Mapping, b: Mapping) -> bool | None:
 
 
 def changed_params(main: Mapping[str, str], other: Mapping[str, str]) -> dict[str, str]:
-    """The params an ablation sweep changed relative to the main one (MLflow's logged params)."""
-    return {k: v for k, v in sorted(other.items()) if main.get(k) != v and not k.startswith(IGNORED_PARAM_PREFIXES)}
+    """The params an ablation sweep changed relative to the main one (MLflow's logged params).
+
+    Only keys both runs logged: a key one of them lacks was added or renamed by the code between
+    the two runs (e.g. ``env.families`` → ``toolworld.families``), not set by the ablation.
+    """
+    return {k: v for k, v in sorted(other.items())
+            if k in main and main[k] != v and not k.startswith(IGNORED_PARAM_PREFIXES)}
 
 
 # ----------------------------------------------------------------------------- plots

@@ -86,6 +86,8 @@ def test_report_numbers_by_hand(tmp_path):
     assert sweep_report.intervals_separate({"ci_low": None, "ci_high": None}, {"ci_low": 0.1, "ci_high": 0.4}) is None
     main_p = {"distill.margin": "0.05", "paths.root": "a", "seed": "0", "composer.frozen": "False"}
     assert sweep_report.changed_params(main_p, {**main_p, "distill.margin": "0", "paths.root": "b"}) == {"distill.margin": "0"}
+    # a key the main run never logged (added or renamed by later code) is no ablation's change
+    assert sweep_report.changed_params(main_p, {**main_p, "toolworld.world_seed": "0"}) == {}
     png = sweep_report.plot_dev_curves(details, ["lopd", "grpo"], "train_wall_s", tmp_path / "p" / "c.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
 
