@@ -82,6 +82,8 @@ def main() -> None:
                "rollouts": s["rollouts"], "wall_s": time.perf_counter() - t0}
         if method == "grpo":
             row.update(group_size=q.grpo.group_size, updates_per_batch=q.grpo.updates_per_batch, scale_rewards=q.grpo.scale_rewards)
+        if method == "lopd":
+            row.update(composer_frozen=q.composer.frozen)
         rows[:] = [r for r in rows if _key(r) != _key(row)] + [row]
         print(json.dumps(row), flush=True)
 
