@@ -8,18 +8,11 @@ shape (the right signature and docstring) that computes nothing; it must fail ev
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from lopd.envs import episode
-from lopd.envs.episode import History
+from lopd.envs.episode import Agent, History
 
 from .env import CodeEnv
 from .tasks import CodeTask
-
-
-
-class Agent(Protocol):
-    def act(self, task: CodeTask, history: History) -> str: ...
 
 
 def as_block(code: str) -> str:

@@ -2,7 +2,8 @@
 
 from .apps import NEW, PRETRAIN, SYNTHETIC_APPS, app_group, entity_words, pretrain_apps, random_conventions
 from .env import StepResult, ToolWorldEnv, format_tool_call, parse_action, system_prompt
-from .experts import NoisyExpert, ScriptedExpert, run_episode
+from lopd.envs.episode import run_episode
+from .experts import NoisyExpert, ScriptedExpert
 from .tasks import FAMILIES, Task, make_tasks
 
 __all__ = ["FAMILIES", "NEW", "PRETRAIN", "SYNTHETIC_APPS", "app_group", "entity_words", "pretrain_apps",

@@ -24,7 +24,8 @@ from typing import Mapping, Sequence
 
 from .apps import NEW, PRETRAIN
 from .env import ToolWorldEnv
-from .experts import History, observed, render, run_episode
+from lopd.envs.episode import History, run_episode
+from .experts import observed, render
 from .families import REGISTRY
 from lopd.envs.protocol import parse_action
 from .tasks import Task

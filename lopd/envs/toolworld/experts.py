@@ -7,21 +7,17 @@ showed, which calls succeeded), so it recovers from any earlier mistake it can r
 from __future__ import annotations
 
 import random
-from typing import Protocol, Sequence
+from typing import Sequence
 
 from .families import REGISTRY
 from .families.base import ID_RE, Done, Step, typo_id
-from lopd.envs.episode import History, run_episode  # noqa: F401  (run_episode: re-exported, ToolWorld's agents play through it)
+from lopd.envs.episode import History
 from lopd.envs.protocol import format_tool_call, load_observation, parse_action
 from .tasks import Task
 
 # How mistakes split: mechanical slips the tools reject (the expert recovers), premature
 # final answers (e.g. a skipped confirmation), and the family's own misconceptions.
 SLIP_SHARE, QUIT_SHARE = 0.15, 0.3
-
-
-class Agent(Protocol):
-    def act(self, task: Task, history: History) -> str: ...
 
 
 def observed(history: History) -> Done:
@@ -84,8 +80,6 @@ class NoisyExpert:
         if ids and rng.random() < 0.5:
             return format_tool_call(name, {**args, ids[0]: typo_id(args[ids[0]], rng)})
         return render(step)[: -len("}</tool_call>")] + "</tool_call>"
-
-
 
 
 def convention_start(task: Task, actions: Sequence[str], observations: Sequence[str | None], i: int) -> int | None:

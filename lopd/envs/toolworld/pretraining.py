@@ -21,7 +21,8 @@ import torch
 
 from .apps import SYNTHETIC_APPS, pretrain_apps, random_conventions
 from .env import ToolWorldEnv
-from .experts import NoisyExpert, ScriptedExpert, run_episode
+from lopd.envs.episode import run_episode
+from .experts import NoisyExpert, ScriptedExpert
 from .families import REGISTRY
 from .lite import lite_text
 from .tasks import FAMILIES, Task, make_tasks
