@@ -2,9 +2,12 @@
 
 Prints how the 164 checks parse (literal input/output cases vs scripted checks replayed in the
 parent, and the asserts left out), the canonical solutions' score (x/164, each exception with
-its cause), the score of the ``return None`` set, each hostile candidate's score and what
-stopped it, and the latency: a bare sandboxed ``print`` (median ms, sequential) and one grade
-of a whole problem (median ms, at ``--workers`` runs at a time). Offline; writes nothing.
+its cause), the score of the ``return None`` set, how the tests split into feedback and held-out
+ones, each hostile candidate's score and what stopped it (the memory cases with the host's peak
+memory fall beside the run's budget), the feedback harvester over all 164 problems (8 turns each:
+how many it solves without solving), what the uid pool and the run budget use (cgroup or
+watchdog), and the latency: a bare sandboxed ``print`` (median ms, sequential) and one grade of
+a whole problem (median ms, at ``--workers`` runs at a time). Offline; writes nothing.
 
     .venv/bin/python benchmarks/code_sandbox.py [--workers 2] [--latency-runs 30]
 """
@@ -18,6 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from lopd.envs.code import SandboxLimits, grade, hostile, load_tasks, null_solution, run_python, sandbox_unavailable_reason
+from lopd.envs.code.cgroup import cgroup_unavailable_reason
 from lopd.envs.code.checks import check_body
 
 
@@ -79,11 +83,31 @@ def main() -> None:
           f"{statistics.mean(v.reward for v in null):.4f}; partial credit only from tests expecting None: "
           + ", ".join(f"{tid} {s}" for tid, s in partial))
 
-    target = next(t for t in tasks if t.task_id == hostile.TARGET)
-    print(f"hostile candidates on {hostile.TARGET} ({target.tests.n_tests} tests, timeout 1.5 s):")
+    public = [sum(t.tests.public) for t in tasks]
+    print(f"feedback tests (docstring examples, values shown): {sum(public)} in {sum(p > 0 for p in public)} problems; "
+          f"held-out tests (values never shown): {sum(t.tests.n_tests for t in tasks) - sum(public)}, "
+          f"every problem holds out >= {min(t.tests.n_tests - p for t, p in zip(tasks, public))}")
+
+    by_id = {t.task_id: t for t in tasks}
+    limits = SandboxLimits(timeout_s=1.5)
+    cgroup = cgroup_unavailable_reason()
+    print(f"run budget: {limits.run_memory_mb} MB and {limits.max_procs} processes per run, by "
+          + ("a cgroup per run" if cgroup is None else f"the WATCHDOG fallback ({cgroup})"))
+    print(f"hostile candidates ({hostile.TARGET} unless named; timeout 1.5 s):")
     for name in hostile.CASES:
-        v = grade(target.tests, hostile.source(name), SandboxLimits(timeout_s=1.5))
-        print(f"  {name:26s} reward {v.reward:.2f}  {v.wall_s * 1000:6.0f} ms  {v.feedback()[:110]}")
+        drop, v = hostile.peak_drop_mb(lambda: grade(by_id[hostile.target(name)].tests, hostile.source(name), limits))
+        mem = f"  host memory fell {drop:4.0f} MB (budget {limits.run_memory_mb})" if "memory" in name or "memfd" in name else ""
+        where = "" if hostile.target(name) == hostile.TARGET else f" ({hostile.target(name)})"
+        print(f"  {name + where:40s} reward {v.reward:.2f}  {v.wall_s * 1000:6.0f} ms  {v.feedback()[:80]}{mem}")
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(args.workers) as pool:
+        plays = list(pool.map(lambda t: hostile.harvest_feedback(t, max_turns=8), tasks))
+    solved = [t.task_id for t, p in zip(tasks, plays) if p["success"]]
+    print(f"feedback harvester (answers from every expected value the feedback showed, 8 turns): "
+          f"{len(solved)}/{len(tasks)} solved ({sum(by_id[t].split == 'train' for t in solved)} in train), mean reward "
+          f"{statistics.mean(p['reward'] for p in plays):.3f}, values harvested {sum(p['table'] for p in plays)}, "
+          f"{time.monotonic() - start:.1f} s" + (f": {', '.join(solved)}" if solved else ""))
 
     walls = [run_python("print(1)").wall_s for _ in range(args.latency_runs)]
     print(f"sandbox latency: bare run median {statistics.median(walls) * 1000:.1f} ms "

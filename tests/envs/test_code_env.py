@@ -83,22 +83,27 @@ def test_same_is_stricter_than_eq():
 
 @needs_sandbox
 def test_feedback_names_failures_inputs_and_errors(tasks):
-    tests = tasks["HumanEval/23"].tests  # strlen('') == 0, strlen('x') == 1, strlen('asdasnakj') == 9
+    """strlen('') == 0 is the docstring's example (a feedback test); strlen('x') == 1 and
+    strlen('asdasnakj') == 9 are held out: counted, and named only by a failure without a value."""
+    tests = tasks["HumanEval/23"].tests
+    assert tests.feedback_names == {"strlen('')"}
     off_by_one = grade(tests, "def strlen(string):\n    return len(string) - 1\n")
-    assert off_by_one.feedback() == "0/3 passed; strlen('') returned -1, expected 0; strlen('x') returned 0, expected 1"
-    assert off_by_one.short() == "0/3 passed" and off_by_one.reward == 0.0
+    assert off_by_one.feedback() == "0/2 tests passed; examples 0/1 passed; strlen('') returned -1, expected 0"
+    assert off_by_one.short() == "0/2 passed" and off_by_one.reward == 0.0
     crash = grade(tests, "def strlen(string):\n    return 1 // len(string)\n")
-    assert crash.feedback() == ("1/3 passed; strlen('') raised ZeroDivisionError: integer division or modulo by zero; "
-                                "strlen('asdasnakj') returned 0, expected 9")
+    assert crash.feedback() == ("1/2 tests passed; examples 0/1 passed; "
+                                "strlen('') raised ZeroDivisionError: integer division or modulo by zero")
     assert crash.checks == {"strlen('')": False, "strlen('x')": True, "strlen('asdasnakj')": False}
+    assert crash.reward == 0.5 and not crash.success
     broken = grade(tests, "def strlen(string)\n    return 0\n")
-    assert broken.feedback().startswith("0/3 passed; the code failed to load: SyntaxError")
+    assert broken.feedback().startswith("0/2 tests passed; examples 0/1 passed; the code failed to load: SyntaxError")
     missing = grade(tests, "def length(string):\n    return len(string)\n")
     assert "does not define strlen()" in missing.feedback()
     scripted = grade(tasks["HumanEval/53"].tests, "def add(x, y):\n    return x + y + 1\n")
-    assert scripted.feedback() == "0/105 passed; add(0, 1) returned 2, expected 1; add(1, 0) returned 2, expected 1"
+    assert scripted.feedback() == "0/105 tests passed"  # a scripted check holds out every test
     slow = grade(tests, "def strlen(string):\n    while True:\n        pass\n", SandboxLimits(timeout_s=0.5))
-    assert slow.timed_out and slow.feedback() == "0/3 passed; strlen('') timed out; strlen('x') not run"
+    assert slow.timed_out and slow.feedback() == ("0/2 tests passed; examples 0/1 passed; strlen('') timed out; "
+                                                  "strlen('x') not run")
     assert all(len(part) <= 80 for v in (off_by_one, crash, scripted) for part in v.feedback().split("; "))
 
 
@@ -109,14 +114,14 @@ def test_episode_ends_when_all_tests_pass(tasks):
     messages = env.initial_observation()
     assert [m["role"] for m in messages] == ["system", "user"] and "def strlen" in messages[1]["content"]
     first = env.step("I think this works:\n```python\ndef strlen(string):\n    return len(string) - 1\n```")
-    assert not first.done and first.reward == 0.0 and first.info["short"] == "0/3 passed"
-    assert "success" not in first.info and first.observation.startswith("0/3 passed; strlen('')")
+    assert not first.done and first.reward == 0.0 and first.info["short"] == "0/2 passed"
+    assert "success" not in first.info and first.observation.startswith("0/2 tests passed; examples 0/1 passed; strlen('')")
     empty = env.step("Let me think about it.")
     assert not empty.done and empty.reward == 0.0 and "no ```python block" in empty.observation
     assert empty.info["short"] == "no code block" and not any(empty.info["checks"].values())
     last = env.step(CanonicalExpert().act(task, []))
     assert last.done and last.reward == 1.0 and last.info["success"] and not last.info["truncated"]
-    assert all(last.info["checks"].values()) and last.observation == "3/3 passed"
+    assert all(last.info["checks"].values()) and last.observation == "2/2 tests passed; examples 1/1 passed"
     with pytest.raises(RuntimeError, match="episode is over"):
         env.step("```python\npass\n```")
 
@@ -140,13 +145,13 @@ def test_bank_keeps_only_passing_code(tasks):
             return as_block("def strlen(string):\n    return 0\n") if not history else CanonicalExpert().act(task, history)
 
     traj = run_episode(CodeEnv(task), Repairer())
-    assert traj["success"] and traj["shorts"] == ["1/3 passed", "3/3 passed"]
+    assert traj["success"] and traj["shorts"] == ["0/2 passed", "2/2 passed"]
     entry = bank_entry(traj)
-    assert entry.startswith(f"Task: {task.text}") and entry.endswith("``` -> 3/3 passed")
+    assert entry.startswith(f"Task: {task.text}") and entry.endswith("``` -> 2/2 passed")
     assert "return 0" not in entry and "return len(string)" in entry
     assert bank_entry(run_episode(CodeEnv(task, max_turns=1), type("Bad", (), {"act": lambda s, t, h: "no"})())) is None
     lite = observation_lite(task.text, traj["actions"], traj["shorts"])
-    assert lite.count("```python") == 2 + task.text.count("```python") and "-> 1/3 passed" in lite
+    assert lite.count("```python") == 2 + task.text.count("```python") and "-> 0/2 passed" in lite
 
 
 def test_extract_code_takes_the_last_python_block():

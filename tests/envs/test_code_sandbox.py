@@ -23,7 +23,7 @@ import lopd
 from lopd.envs.code import SandboxLimits, grade, load_tasks, run_python, sandbox_available, sandbox_unavailable_reason
 from lopd.envs.code import grading, hostile
 from lopd.envs.code.harness import decode
-from lopd.envs.code.sandbox import processes_of
+from lopd.envs.code.sandbox import stray_processes
 
 pytestmark = pytest.mark.skipif(not sandbox_available(),
                                 reason=f"code sandbox unavailable here: {sandbox_unavailable_reason()}")
@@ -41,19 +41,32 @@ def tasks():
 
 
 def leftovers() -> list[int]:
-    """Host pids running as any uid of the sandbox's pool."""
-    return processes_of(range(LIMITS.uid_base, LIMITS.uid_base + LIMITS.uid_slots))
+    """Host pids running as a uid of the sandbox's pool that no live run holds (runs of other test
+    processes, going on at the same time, are not leftovers)."""
+    return stray_processes(LIMITS)
+
+
+def pool_keys() -> dict[int, int]:
+    """Kernel keys per uid of the sandbox's pool (``/proc/key-users``: keyrings outlive namespaces)."""
+    pool = range(LIMITS.uid_base, LIMITS.uid_base + LIMITS.uid_slots)
+    with open("/proc/key-users") as f:
+        rows = [line.split() for line in f]
+    return {int(r[0].rstrip(":")): int(r[2].split("/")[0]) for r in rows if int(r[0].rstrip(":")) in pool}
 
 
 @pytest.mark.parametrize("case", sorted(hostile.CASES))
 def test_hostile_candidate_scores_zero(tasks, case):
-    verdict = grade(tasks[hostile.TARGET].tests, hostile.source(case), LIMITS)
+    keys = pool_keys()
+    verdict = grade(tasks[hostile.target(case)].tests, hostile.source(case), LIMITS)
     assert verdict.passed == 0 and verdict.reward == 0.0, (case, verdict.feedback())
     assert not leftovers()  # a timeout or a setsid'd fork bomb included: the whole namespace is gone
+    assert pool_keys() == keys  # and no kernel key: the keyring is filtered
     if "flood" in case:
         assert verdict.output_truncated and "cap" in verdict.feedback()
-    if case in ("infinite_loop", "setsid_fork_bomb"):
+    if case in ("infinite_loop", "setsid_fork_bomb"):  # a held-out call's timeout holds no expected value: shown
         assert verdict.timed_out and "timed out" in verdict.feedback()
+    if case in ("forked_memory_hogs", "memfd_hog"):
+        assert verdict.memory_exceeded and "memory budget" in verdict.feedback()
 
 
 def test_process_limit_holds():

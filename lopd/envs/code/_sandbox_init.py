@@ -11,6 +11,8 @@ interpreter ~13 ms; mount syscalls through ``ctypes`` cost microseconds.
 
 Steps (isolated mode):
 
+0. move itself into the run's cgroup(s) (``cgroup_procs``, where the parent made them), so that
+   every process it forks counts against one memory and process budget;
 1. mount a tmpfs over ``/tmp`` (private to this mount namespace) and build the new root in it:
    read-only, non-recursive bind mounts of ``/usr`` and the interpreter's prefix, the merged-usr
    symlinks, ``/dev/{null,zero,random,urandom}``, an empty read-only tmpfs over every
@@ -20,8 +22,9 @@ Steps (isolated mode):
    not ``/etc``, ``/root``, ``/home``, ``/run``, the host's ``/tmp`` or ``/dev/shm``.
 2. fork; the child chroots into the new root, drops the capability bounding set, clears the
    supplementary groups, becomes ``uid:uid`` (an unprivileged uid, so that ``RLIMIT_NPROC``
-   holds: root ignores it), sets no-new-privs and non-dumpable, zeroes its capability sets, and
-   checks all of that in ``/proc/self/status`` before running any untrusted byte.
+   holds: root ignores it), sets no-new-privs and non-dumpable, zeroes its capability sets,
+   installs the seccomp filter the parent compiled (:mod:`lopd.envs.code.seccomp`), and checks
+   all of that in ``/proc/self/status`` before running any untrusted byte.
 3. the child sets the rlimits (address space, CPU seconds, processes, file size, open files,
    core = 0) and runs the program in-process as ``__main__``.
 4. pid 1 waits for the child and reports its raw wait status on the status pipe. When pid 1
@@ -38,7 +41,8 @@ import os
 import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
-PR_CAPBSET_DROP, PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 24, 1, 4, 38
+PR_CAPBSET_DROP, PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 24, 1, 4, 38, 22
+SECCOMP_MODE_FILTER = 2
 RLIMITS = ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_CORE")
 DEVICES = {"null": (1, 3), "zero": (1, 5), "random": (1, 8), "urandom": (1, 9)}
 ROOT = "/tmp/r"
@@ -84,8 +88,29 @@ def build_root(cfg, ctypes, libc):
     _mount(libc, ctypes, None, "/tmp", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID, "size=4m,mode=755")
 
 
+def install_seccomp(bpf, ctypes, libc):
+    """Load a raw BPF program (``struct sock_filter[]``, 8 bytes each) as this thread's seccomp filter."""
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buf = ctypes.create_string_buffer(bpf, len(bpf))
+    prog = SockFprog(len(bpf) // 8, ctypes.addressof(buf))
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+        raise SetupError(f"seccomp: {os.strerror(ctypes.get_errno())}")
+
+
+def join_cgroups(cfg):
+    """Step 0: ``0`` written to ``cgroup.procs`` moves the writer; what it forks later stays inside."""
+    for path in cfg.get("cgroup_procs") or ():
+        try:
+            with open(path, "w") as f:
+                f.write("0")
+        except OSError as exc:
+            raise SetupError(f"cgroup {path}: {exc.strerror}") from None
+
+
 def drop_privileges(cfg, ctypes, libc):
-    """Chroot, become the sandbox uid with no capability left, and prove it (step 2)."""
+    """Chroot, become the sandbox uid with no capability left, filter syscalls, and prove it (step 2)."""
     status_fd = os.open("/proc/self/status", os.O_RDONLY)
     os.chroot(ROOT)
     os.chdir("/tmp")
@@ -103,11 +128,15 @@ def drop_privileges(cfg, ctypes, libc):
     data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable × 2 words, all zero
     if libc.capset(header, data) != 0:
         raise SetupError(f"capset: {os.strerror(ctypes.get_errno())}")
+    if cfg.get("seccomp"):
+        install_seccomp(bytes.fromhex(cfg["seccomp"]), ctypes, libc)
     status = os.read(status_fd, 1 << 16).decode()
     os.close(status_fd)
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     want = {"Uid": [str(uid)] * 4, "Gid": [str(uid)] * 4, "Groups": [], "NoNewPrivs": ["1"],
             **{k: ["0000000000000000"] for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}}
+    if cfg.get("seccomp"):
+        want["Seccomp"] = ["2"]
     for key, value in want.items():
         if fields.get(key, "").split() != value:
             raise SetupError(f"privilege drop failed: {key} is {fields.get(key, '?').strip()!r}")
@@ -149,6 +178,7 @@ def main():
         run_program(cfg["source"])
     status_fd = cfg["status_fd"]
     try:
+        join_cgroups(cfg)
         ctypes, libc = _libc()
         build_root(cfg, ctypes, libc)
     except (OSError, SetupError) as exc:

@@ -24,6 +24,19 @@ Two kinds of problem:
   which are plain decoded values. An ``L == R`` assert with the candidate on one side is
   compared with :func:`same`; any other assert (``math.fabs(poly(coeffs, x)) < 1e-4``) by its
   truth. A failed call makes its assert fail whatever the assert says.
+
+Feedback tests and held-out tests. A multi-turn policy reads the feedback, so an expected value
+the feedback shows can be copied back without solving anything (a table answering by call
+reached success on 106 of 164 problems in 8 turns). So each test is either a **feedback test**,
+whose expected value the observation may show, or a **held-out test**, whose expected value
+never leaves this process (:func:`split_public`): a test is a feedback test when its call is one
+of the prompt's own docstring examples, whose answer the policy reads in the task anyway. Two
+rules keep the held-out tests a real check: when every test is a docstring example, every test
+is held out (HumanEval/34); and when the held-out tests would all expect one value while the
+problem's tests expect several, feedback tests with other values are held out too (HumanEval/35,
+40, 54, 113), so no constant answers the held-out tests. Problems without docstring examples
+matching a test (49 literal ones) and the scripted ones hold out every test: their feedback is
+counts and the last error line only.
 """
 
 from __future__ import annotations
@@ -95,6 +108,12 @@ class ProblemTests:
     assert_calls: tuple[tuple[int, ...], ...] = ()  # scripted problems: per test, the calls it made
     assert_sources: tuple[str, ...] = ()  # scripted problems: per test, the assert's source
     dropped: tuple[str, ...] = field(default=())  # asserts left out, each with why
+    public: tuple[bool, ...] = ()  # per test: a feedback test (its expected value may be shown); () = none
+
+    @property
+    def feedback_names(self) -> frozenset[str]:
+        """The feedback tests; every other test is held out (see the module docstring)."""
+        return frozenset(n for n, pub in zip(self.names, self.public) if pub)
 
     @property
     def kind(self) -> str:
@@ -128,13 +147,17 @@ def same(got: Any, expected: Any) -> bool:
 
 
 def judge_literal(case: LiteralCase, got: Any) -> bool:
+    """Pass or fail for any plain value ``got``: never raises."""
     if case.mode == "seq":
         return type(got) in (list, tuple) and same(tuple(got), tuple(case.expected))
     if case.mode == "close":
         if type(got) not in (int, float):
             return False
-        gap = abs(got - case.expected)
-        return gap <= case.tol if case.inclusive else gap < case.tol
+        try:
+            gap = abs(got - case.expected)
+        except OverflowError:  # an int beyond float range is no float's neighbour
+            return False
+        return gap <= case.tol if case.inclusive else gap < case.tol  # NaN compares False: fail
     return same(got, case.expected)
 
 
@@ -337,9 +360,55 @@ def record_scripted(task_id: str, prompt: str, test_source: str, entry_point: st
                         assert_calls=tuple(c for c, _ in asserts), assert_sources=tuple(s for _, s in asserts))
 
 
+# --- feedback tests and held-out tests ------------------------------------------------------------
+
+def docstring_calls(prompt: str, entry_point: str) -> set[str]:
+    """The repr of the encoded ``(args, kwargs)`` of every call of ``entry_point`` with literal arguments in ``prompt``
+    (its docstring examples: ``>>> f(3)``, ``f(3) ➞ 4``, ``f(3) == 4``); the signature does not parse as one."""
+    out = set()
+    start = prompt.find(entry_point + "(")
+    while start >= 0:
+        depth, end = 0, None
+        for j in range(start + len(entry_point), len(prompt)):
+            depth += prompt[j] in "([{"
+            depth -= prompt[j] in ")]}"
+            if depth == 0:
+                end = j + 1
+                break
+        try:
+            call = ast.parse(prompt[start:end], mode="eval").body if end else None
+            if isinstance(call, ast.Call):
+                args, kwargs = _literal_args(call)
+                out.add(repr((encode(args), encode(kwargs))))
+        except (SyntaxError, ValueError, TypeError):
+            pass  # the signature, or an example with names in it
+        start = prompt.find(entry_point + "(", start + 1)
+    return out
+
+
+def split_public(tests: ProblemTests) -> tuple[bool, ...]:
+    """Per test, whether it is a feedback test (the module docstring gives the rules)."""
+    if tests.kind == "scripted":
+        return (False,) * tests.n_tests
+    examples = docstring_calls(tests.prompt, tests.entry_point)
+    public = [repr(tests.calls[c.call].encoded) in examples for c in tests.cases]
+    if all(public):
+        return (False,) * tests.n_tests
+    values = [repr(c.expected) for c in tests.cases]
+    for i, value in enumerate(values):  # hold out tests until no one constant answers every held-out test
+        held = {v for v, pub in zip(values, public) if not pub}
+        if len(held) >= min(2, len(set(values))):
+            break
+        if public[i] and value not in held:
+            public[i] = False
+    return tuple(public)
+
+
 def parse_problem(task_id: str, prompt: str, test_source: str, entry_point: str) -> ProblemTests:
-    """Literal if every assert is literal, else scripted (see the module docstring)."""
+    """Literal if every assert is literal, else scripted (see the module docstring); tests split into
+    feedback and held-out ones."""
     try:
-        return dataclasses.replace(parse_literal(task_id, test_source, entry_point), prompt=prompt)
+        tests = dataclasses.replace(parse_literal(task_id, test_source, entry_point), prompt=prompt)
     except ProblemParseError:
-        return record_scripted(task_id, prompt, test_source, entry_point)
+        tests = record_scripted(task_id, prompt, test_source, entry_point)
+    return dataclasses.replace(tests, public=split_public(tests))

@@ -11,16 +11,23 @@ reward = the fraction of tests the step's attempt passed (0 for a turn without c
 trainers read the final step's, so it is the last attempt's. ``info`` of every step has
 ``short`` (``5/7 passed``, for the observation-lite bank), ``checks`` (test name → passed) and
 ``code``; the final step adds ``success`` (all pass) and ``truncated`` (cut at the turn limit).
+
+reward and ``short`` count the held-out tests only, and the feedback spells out only the
+docstring examples' failures (:mod:`.checks`: a value the feedback shows can be copied back, so
+it must not be one that success needs). An exception while grading fails that step with reward
+0 and a logged reason; it never stops the rollout batch. Only :class:`~.sandbox.SandboxUnavailable`
+(a machine that cannot isolate, a configuration error) propagates.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 
 from lopd.envs.episode import StepResult
 
-from .grading import grade
-from .sandbox import SandboxLimits
+from .grading import Verdict, grade
+from .sandbox import SandboxLimits, SandboxUnavailable
 from .tasks import CodeTask
 
 __all__ = ["NO_CODE", "SYSTEM_PROMPT", "CodeEnv", "StepResult", "bank_entry", "extract_code", "observation_lite"]
@@ -28,6 +35,7 @@ __all__ = ["NO_CODE", "SYSTEM_PROMPT", "CodeEnv", "StepResult", "bank_entry", "e
 SYSTEM_PROMPT = ("You are an expert Python programmer. Answer with the complete function in one ```python block. "
                  "After each attempt you are shown the test results; fix the code until every test passes.")
 NO_CODE = "no ```python block found: answer with the complete function in one ```python block"
+log = logging.getLogger(__name__)
 CODE_RE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\r?\n(.*?)```", re.S | re.I)
 
 
@@ -66,7 +74,15 @@ class CodeEnv:
             info.update(short="no code block", checks={name: False for name in self.task.tests.names}, error=None,
                         timed_out=False)
         else:
-            verdict = grade(self.task.tests, code, self.limits)
+            try:
+                verdict = grade(self.task.tests, code, self.limits)
+            except SandboxUnavailable:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one attempt fails, the batch goes on
+                why = f"grader error: {type(exc).__name__}: {exc}"[:200]
+                log.exception("code env %s: %s; the step fails with reward 0", self.task.task_id, why)
+                verdict = Verdict({n: False for n in self.task.tests.names}, last_error=why,
+                                  public=self.task.tests.feedback_names)
             observation, reward, success = verdict.feedback(), verdict.reward, verdict.success
             info.update(short=verdict.short(), checks=verdict.checks, error=verdict.last_error,
                         timed_out=verdict.timed_out)

@@ -12,13 +12,24 @@ What can go wrong on the child's side and what it scores:
 - a call raises, returns a non-plain value, or has no result line (``os._exit``, a kill, a
   timeout): that call's tests fail; a timeout fails the call that was running and the rest;
 - more output than ``max_output_bytes`` on a stream: the run is killed and every test fails;
-- lines without the run's nonce are ignored; two lines for one call fail that call.
+- lines without the run's nonce are ignored; two lines for one call fail that call;
+- a value the parent cannot judge (an int beyond float range on a tolerance check, NaN, deep
+  nesting): that test fails; an exception anywhere in judging fails every test, with the reason
+  logged and in ``last_error``, and never reaches the caller (a rollout batch goes on);
+- a run over its memory budget is killed: every test fails.
+
+What the policy sees (:meth:`Verdict.feedback`): how many held-out tests passed, the feedback
+tests' (the docstring examples') failures with their expected values, and held-out failures that
+hold no expected value (a raise, a timeout); :mod:`lopd.envs.code.checks` says which test is
+which and why. Reward and ``short`` count the held-out tests; success needs every test, the
+feedback tests included.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -28,6 +39,8 @@ from typing import Any
 from .checks import PENDING, ProblemTests, judge_literal, run_check, same
 from .harness import decode, encode
 from .sandbox import SandboxLimits, run_python
+
+log = logging.getLogger(__name__)
 
 HARNESS_SOURCE = Path(__file__).with_name("harness.py").read_text()
 FAILURE_CHARS = 80  # one failure line of the feedback
@@ -64,45 +77,61 @@ class CallResult:
 class Verdict:
     """The outcome of one attempt on one problem."""
 
-    checks: dict[str, bool]  # test name → passed, in test order
-    failures: list[str] = field(default_factory=list)  # one short line per failed test, in order
+    checks: dict[str, bool]  # test name → passed, in test order (feedback and held-out tests)
+    failures: dict[str, str] = field(default_factory=dict)  # failed test → a line the policy may see, in test order
     load_error: str | None = None  # the candidate did not load: "SyntaxError: ..."
     last_error: str | None = None  # the last exception line seen (load or any call)
     timed_out: bool = False  # the run hit the wall clock
     output_truncated: bool = False  # the run hit the output cap and was killed
     wall_s: float = 0.0  # the sandbox run's wall time
+    public: frozenset[str] = frozenset()  # the feedback tests' names; every other test is held out
+    memory_exceeded: bool = False  # the run went over its memory budget and was killed
+
+    @property
+    def held_out(self) -> dict[str, bool]:
+        return {n: ok for n, ok in self.checks.items() if n not in self.public}
 
     @property
     def passed(self) -> int:
-        return sum(self.checks.values())
+        """Held-out tests passed."""
+        return sum(self.held_out.values())
 
     @property
     def total(self) -> int:
-        return len(self.checks)
+        """Held-out tests."""
+        return len(self.held_out)
 
     @property
     def reward(self) -> float:
+        """The share of held-out tests passed: nothing the feedback shows can raise it."""
         return self.passed / self.total if self.total else 0.0
 
     @property
     def success(self) -> bool:
-        return self.total > 0 and self.passed == self.total
+        return self.total > 0 and all(self.checks.values())
 
     def short(self) -> str:
-        """One line for the experience bank: ``5/7 passed``."""
+        """One line for the experience bank: ``5/7 passed`` (held-out tests)."""
         flag = (" (load error)" if self.load_error else " (output cap)" if self.output_truncated
-                else " (timed out)" if self.timed_out else "")
+                else " (memory budget)" if self.memory_exceeded else " (timed out)" if self.timed_out else "")
         return f"{self.passed}/{self.total} passed{flag}"
 
     def feedback(self, max_failures: int = 2) -> str:
-        """LiveCodeBench self-repair style: ``3/7 passed; f([3, 1]) returned 4, expected 1``."""
-        parts = [f"{self.passed}/{self.total} passed"]
+        """LiveCodeBench self-repair style: ``3/7 tests passed; examples 1/2 passed; f([3, 1]) returned 4,
+        expected 1``. A failure line with an expected value is a feedback test's; a held-out test shows
+        only a failure that holds none (``f(0) raised ZeroDivisionError``, ``timed out``, ``not run``)."""
+        parts = [f"{self.passed}/{self.total} tests passed"]
+        examples = [n for n in self.checks if n in self.public]
+        if examples:
+            parts.append(f"examples {sum(self.checks[n] for n in examples)}/{len(examples)} passed")
         if self.load_error:
             parts.append(clip(f"the code failed to load: {self.load_error}", 2 * FAILURE_CHARS))
             return "; ".join(parts)
         if self.output_truncated:
             return "; ".join(parts + ["the output exceeded the cap and the run was killed"])
-        parts += [clip(f, FAILURE_CHARS) for f in self.failures[:max_failures]]
+        if self.memory_exceeded:
+            return "; ".join(parts + ["the run went over its memory budget and was killed"])
+        parts += [clip(f, FAILURE_CHARS) for f in list(self.failures.values())[:max_failures]]
         if self.last_error and not any(self.last_error[:30] in p for p in parts):
             parts.append(clip(f"last error: {self.last_error}", FAILURE_CHARS))
         return "; ".join(parts)
@@ -162,24 +191,24 @@ def _returned(label: str, got: Any, expected: Any, suffix: str = "") -> str:
     return _line(label, f"returned {clip(repr(got), VALUE_CHARS)}, expected {clip(repr(expected), VALUE_CHARS)}{suffix}")
 
 
-def judge_cases(tests: ProblemTests, results: list[CallResult]) -> tuple[list[bool], list[str]]:
-    """Literal problem: per test, passed and (if not) a failure line."""
-    passed, failures = [], []
+def judge_cases(tests: ProblemTests, results: list[CallResult]) -> list[tuple[bool, str, bool]]:
+    """Literal problem: per test, passed, a failure line, and whether that line holds the expected value."""
+    outcomes = []
     for case in tests.cases:
         label, r = tests.calls[case.call].label, results[case.call]
-        ok = r.ok and judge_literal(case, r.value)
-        passed.append(ok)
         if not r.ok:
-            failures.append(_line(label, r.error))
-        elif not ok:
+            outcomes.append((False, _line(label, r.error), False))
+        elif judge_literal(case, r.value):
+            outcomes.append((True, "", False))
+        else:
             tol = f" ± {case.tol:g}" if case.mode == "close" else ""
-            failures.append(_returned(label, r.value, case.expected, tol))
-    return passed, failures
+            outcomes.append((False, _returned(label, r.value, case.expected, tol), True))
+    return outcomes
 
 
-def replay(tests: ProblemTests, results: list[CallResult]) -> tuple[list[bool], list[str]]:
+def replay(tests: ProblemTests, results: list[CallResult]) -> list[tuple[bool, str, bool]]:
     """Scripted problem: rerun the trusted check here, ``candidate`` answering from ``results``."""
-    outcomes: list[tuple[bool, str]] = []
+    outcomes: list[tuple[bool, str, bool]] = []  # passed, failure line, the line shows what the check expects
     since: list[int] = []
     n_calls = 0
 
@@ -208,22 +237,41 @@ def replay(tests: ProblemTests, results: list[CallResult]) -> tuple[list[bool], 
         broken = next((results[c] for c in mine if not results[c].ok), None)
         recorded = tests.assert_calls[len(outcomes)] if len(outcomes) < tests.n_tests else None
         if broken is not None or mine != recorded:
-            outcomes.append((False, _line(label, broken.error if broken is not None else "did not run as recorded")))
+            outcomes.append((False, _line(label, broken.error if broken is not None else "did not run as recorded"),
+                             False))
         elif exp is not None and error is None:
             ok = same(value, expected)
-            outcomes.append((ok, "" if ok else _returned(label, value, expected)))
+            outcomes.append((ok, "" if ok else _returned(label, value, expected), not ok))
         elif error is not None or not value:
             returned = f"returned {clip(repr(results[mine[0]].value), VALUE_CHARS)}; " if mine else ""
             why = f"raised {type(error).__name__}" if error is not None else "failed"
-            outcomes.append((False, _line(label, f"{returned}`{clip(source, 30)}` {why}")))
+            outcomes.append((False, _line(label, f"{returned}`{clip(source, 30)}` {why}"), True))
         else:
-            outcomes.append((True, ""))
+            outcomes.append((True, "", False))
 
     stopped = run_check(tests, candidate, hook)
     outcomes = outcomes[: tests.n_tests]
     why = f"the check stopped early ({type(stopped).__name__})" if stopped else "the check stopped early"
-    outcomes += [(False, f"{name}: {why}") for name in tests.names[len(outcomes):]]
-    return [ok for ok, _ in outcomes], [d for ok, d in outcomes if not ok]
+    outcomes += [(False, f"{name}: {why}", False) for name in tests.names[len(outcomes):]]
+    return outcomes
+
+
+def judge(tests: ProblemTests, results: list[CallResult], load_error: str | None = None) -> Verdict:
+    """The verdict on the child's results (the parent's side of :func:`grade`, no sandbox); never raises."""
+    if load_error is not None:
+        results = [CallResult(False, error="not run (the code failed to load)")] * len(tests.calls)
+    try:
+        outcomes = (replay if tests.kind == "scripted" else judge_cases)(tests, results)
+    except Exception as exc:  # noqa: BLE001 - a grader bug fails this attempt, never the rollout batch
+        why = f"grader error: {type(exc).__name__}: {exc}"[:200]
+        log.exception("grading %s: %s; every test fails", tests.task_id, why)
+        return Verdict({n: False for n in tests.names}, {}, load_error, why, public=tests.feedback_names)
+    public = tests.feedback_names
+    errors = [r.error[len("raised "):] for r in results if r.error.startswith("raised ")]
+    return Verdict({n: ok for n, (ok, _, _) in zip(tests.names, outcomes)},
+                   {n: line for n, (ok, line, shows) in zip(tests.names, outcomes)
+                    if not ok and (n in public or not shows)},  # a held-out test's expected value stays here
+                   load_error, load_error or (errors[-1] if errors else None), public=public)
 
 
 def grade(tests: ProblemTests, code: str, limits: SandboxLimits | None = None) -> Verdict:
@@ -235,13 +283,9 @@ def grade(tests: ProblemTests, code: str, limits: SandboxLimits | None = None) -
                "calls": [list(c.encoded) for c in tests.calls]}
     run = run_python(HARNESS_SOURCE, stdin=json.dumps(payload), limits=limits)
     raw, load_error = parse_results(run.stdout, nonce, len(tests.calls))
-    if run.output_truncated:
-        raw, load_error = [CallResult(False, error="output cap exceeded")] * len(tests.calls), None
-    results = _fill_missing(raw, run.timed_out, run.returncode)
-    if load_error is not None:
-        results = [CallResult(False, error="not run (the code failed to load)")] * len(tests.calls)
-    passed, failures = (replay if tests.kind == "scripted" else judge_cases)(tests, results)
-    errors = [r.error[len("raised "):] for r in results if r.error.startswith("raised ")]
-    last_error = load_error or (errors[-1] if errors else None)
-    return Verdict(dict(zip(tests.names, passed)), failures, load_error, last_error, run.timed_out,
-                   run.output_truncated, run.wall_s)
+    if run.output_truncated or run.memory_exceeded:
+        why = "output cap exceeded" if run.output_truncated else "memory budget exceeded"
+        raw, load_error = [CallResult(False, error=why)] * len(tests.calls), None
+    verdict = judge(tests, _fill_missing(raw, run.timed_out, run.returncode), load_error)
+    return dataclasses.replace(verdict, timed_out=run.timed_out, output_truncated=run.output_truncated,
+                               memory_exceeded=run.memory_exceeded, wall_s=run.wall_s)

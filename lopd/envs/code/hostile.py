@@ -8,10 +8,15 @@ object (157/164); the rest are the classic ways out of a subprocess.
 
 from __future__ import annotations
 
+import ast
 import textwrap
+import threading
+import time
 
 TARGET = "HumanEval/0"
-SIGNATURE = "def has_close_elements(numbers, threshold)"
+SIGNATURES = {"HumanEval/0": "def has_close_elements(numbers, threshold)",
+              "HumanEval/2": "def truncate_number(number)"}
+TARGETS = {"huge_int_return": "HumanEval/2"}  # cases aimed at another problem than TARGET
 
 CASES = {
     "frame_forgery": """
@@ -100,9 +105,133 @@ CASES = {
             os.system('kill -9 -1')
             return 'alive'
         """,
+    # a return value the parent must judge without raising: HumanEval/2 is checked with abs(x - y) < 1e-6,
+    # and an int above float range made that subtraction raise OverflowError in the parent
+    "huge_int_return": "def f(ARGS):\n    return 10 ** 400\n",
+    # memory beyond one run's budget: forked processes each under the per-process address-space limit
+    "forked_memory_hogs": """
+        import os, time
+        def f(ARGS):
+            for _ in range(4):
+                if os.fork() == 0:
+                    hog = bytearray(400 << 20)
+                    hog[::4096] = b"x" * len(hog[::4096])
+                    time.sleep(30)
+            time.sleep(30)
+        """,
+    # memory that no per-process limit counts: memfds (tmpfs pages), kept open
+    "memfd_hog": """
+        import os, time
+        def f(ARGS):
+            fds = []
+            for _ in range(56):
+                fd = os.memfd_create("hog")
+                for _ in range(16):
+                    os.write(fd, b"x" * (1 << 20))
+                fds.append(fd)
+            time.sleep(30)
+        """,
+    # nothing may persist across runs: the per-uid kernel keyring, io_uring
+    "keyring_and_io_uring": """
+        import ctypes, os
+        def f(ARGS):
+            libc = ctypes.CDLL(None, use_errno=True)
+            nr = {"x86_64": (248, 425), "aarch64": (217, 425)}.get(os.uname().machine, (248, 425))
+            params = (ctypes.c_uint32 * 30)()
+            return [libc.syscall(nr[0], b"user", b"lopd-hostile", b"x", 1, -4),
+                    libc.syscall(nr[1], 4, ctypes.byref(params))]
+        """,
 }
 
 
-def source(name: str) -> str:
-    """Case ``name`` as a complete candidate for :data:`TARGET`."""
-    return textwrap.dedent(CASES[name]).replace("def f(ARGS)", SIGNATURE)
+def target(name: str) -> str:
+    """The problem case ``name`` is written for."""
+    return TARGETS.get(name, TARGET)
+
+
+def source(name: str, task_id: str | None = None) -> str:
+    """Case ``name`` as a complete candidate for its problem (:func:`target`)."""
+    return textwrap.dedent(CASES[name]).replace("def f(ARGS)", SIGNATURES[task_id or target(name)])
+
+
+def block(code: str) -> str:
+    """``code`` as an assistant message: one python block."""
+    return f"```python\n{code.rstrip()}\n```"
+
+
+# --- the feedback harvester: success without solving, if the feedback shows what it should not ----
+
+def parse_failures(feedback: str) -> list[tuple[str, bool, object]]:
+    """``(label, label_clipped, expected)`` for every ``LABEL returned X, expected Y`` in the feedback whose
+    expected value is shown whole."""
+    out = []
+    for part in feedback.split("; "):
+        head, sep, expected = part.rpartition(", expected ")
+        label, sep2, _ = head.rpartition(" returned ")
+        if not (sep and sep2) or expected.endswith("..."):
+            continue
+        try:
+            value = ast.literal_eval(expected.split(" \u00b1 ")[0])
+        except (ValueError, SyntaxError):
+            continue
+        clipped = label.endswith("...")
+        out.append((label[:-3] if clipped else label, clipped, value))
+    return out
+
+
+def lookup_candidate(entry_point: str, table: list) -> str:
+    """A candidate that ignores what it is asked and answers each call from ``table``: the first entry
+    not used yet whose label matches the call's own label (in call order), else None."""
+    return textwrap.dedent(f"""
+        TABLE = {table!r}
+        USED = set()
+        def {entry_point}(*args, **kwargs):
+            parts = [repr(a)[:200] for a in args] + [f"{{k}}={{v!r}}"[:200] for k, v in kwargs.items()]
+            label = "{entry_point}(" + ", ".join(parts) + ")"
+            for i, (prefix, clipped, value) in enumerate(TABLE):
+                if i not in USED and (label.startswith(prefix) if clipped else label == prefix):
+                    USED.add(i)
+                    return value
+            return None
+        """)
+
+
+def harvest_feedback(task, max_turns: int = 8, limits=None) -> dict:
+    """Play ``task`` in :class:`~.env.CodeEnv` with :func:`lookup_candidate`, its table grown from every
+    expected value the feedback shows, turn after turn. It solves nothing: it may only succeed if the
+    feedback gives away every value the success check needs."""
+    from .env import CodeEnv
+    env = CodeEnv(task, max_turns=max_turns, limits=limits)
+    table: list = []
+    while True:
+        step = env.step(block(lookup_candidate(task.entry_point, table)))
+        table += parse_failures(step.observation)
+        if step.done:
+            return {"success": bool(step.info.get("success")), "reward": step.reward, "turns": env.turns,
+                    "feedback": step.observation, "table": len(table)}
+
+
+# --- measuring the memory cases from the host's side -----------------------------------------------
+
+def mem_available_mb() -> float:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:")) / 1024
+
+
+def peak_drop_mb(fn):
+    """``fn()`` while sampling the host's MemAvailable every 5 ms: (largest fall in MB, its result)."""
+    base, low, done = mem_available_mb(), [mem_available_mb()], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            low[0] = min(low[0], mem_available_mb())
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = fn()
+    finally:
+        done.set()
+        sampler.join()
+    return base - low[0], result

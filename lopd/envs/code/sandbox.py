@@ -1,12 +1,16 @@
 """Run untrusted Python in a real sandbox: Linux namespaces, a minimal read-only root, an
-unprivileged uid, rlimits, a wall clock and an output cap.
+unprivileged uid, a seccomp filter, rlimits, one memory and process budget per run (a cgroup),
+a wall clock and an output cap.
 
 One run is ``unshare --fork --kill-child --pid --net --mount --mount-proc --ipc --uts`` starting
 the base interpreter on :file:`_sandbox_init.py` (read its docstring for what happens inside):
 pid 1 of the new namespaces builds a root that holds only ``/usr``, the interpreter's prefix
 (site-packages hidden), four device nodes and a private size-capped ``/tmp`` (the working
 directory), then forks the program as an unprivileged uid with no capabilities, no new
-privileges and rlimits on memory, CPU, processes, file size and open files. There is no network
+privileges, a syscall filter (:mod:`.seccomp`: no keyring, io_uring, bpf, ptrace, namespaces or
+mounts) and rlimits on memory, CPU, processes, file size and open files, all inside a cgroup that
+caps the whole run's memory (memfds and ``/tmp`` included) and processes (:mod:`.cgroup`; a loud
+watchdog fallback where none can be made). There is no network
 (an empty network namespace), no view of the host's processes, and no path to the checkout,
 ``/etc``, ``/root`` or any installed data set. About 30 ms a run.
 
@@ -16,9 +20,10 @@ Why the parts that look redundant are there (each was measured):
 - killing ``unshare`` rather than a process group: killing the group left zombies and setsid'd
   children behind. ``--kill-child`` turns the death of ``unshare`` into SIGKILL for pid 1 of the
   namespace, and the kernel then kills every process in it;
-- a uid per concurrent run (a small pool): after a kill, the run waits until no process of its
-  uid is left, so the caller never sees a straggler, and one run's fork bomb cannot use up the
-  process limit of another run;
+- a uid per concurrent run, across processes (a pool of uids, each held with ``flock`` on its
+  own lock file, so data-parallel ranks and two pipelines never share one; a lock dies with its
+  process): after a kill, the run waits until none of its processes is left, so the caller never
+  sees a straggler, and one run's fork bomb cannot use up the process limit of another run;
 - the output cap: at most ``max_output_bytes`` are read from each stream, then the run is killed.
 
 Where namespaces are refused (no root, an unprivileged container) :func:`run_python` raises
@@ -29,6 +34,8 @@ subprocess with the rlimits only and says so with ``logging.warning`` on every r
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
 import functools
 import glob
 import json
@@ -43,14 +50,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
+
+from .cgroup import Watchdog, cgroup_unavailable_reason, make_run_cgroup, warn_watchdog
+from .seccomp import filter_bpf, seccomp_unavailable_reason
 
 __all__ = ["SandboxError", "SandboxLimits", "SandboxResult", "SandboxUnavailable", "run_python",
-           "sandbox_available", "sandbox_unavailable_reason"]
+           "sandbox_available", "sandbox_unavailable_reason", "stray_processes"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +68,9 @@ UNSHARE_FLAGS = ("--fork", "--kill-child", "--pid", "--net", "--mount", "--mount
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # all the program sees of the host's environment
 MAX_SOURCE_BYTES = 100_000  # the program travels as one argv string (Linux caps one at 128 KiB)
 REAP_WAIT_S = 5.0  # after a kill, how long to wait for the namespace's processes to be gone
+UID_WAIT_S = 60.0  # how long a run waits for a free uid when every uid of the pool is held
+WATCH_EVERY_S = 0.01  # how often the parent checks the run's memory budget
+LOCK_DIRS = ("/run/lock", tempfile.gettempdir())  # where the uid locks live: host-wide, the first writable
 FIX = ("run as root where pid/net/mount namespaces are allowed (e.g. `docker run --privileged ...` or a VM), "
        "or pass allow_unsafe=True to run the code WITHOUT isolation (rlimits only)")
 
@@ -84,14 +96,17 @@ class SandboxLimits:
     tmp_mb: int = 64  # size of the private /tmp tmpfs, the program's working directory
     max_output_bytes: int = 65536  # read at most this much of stdout and of stderr, then kill the run
     uid_base: int = 64100  # first uid of the pool of unprivileged uids (must be unused on the host)
-    uid_slots: int = 32  # concurrent runs of one process get distinct uids from base .. base + slots - 1
+    uid_slots: int = 32  # concurrent runs (of every process on the host) get distinct uids base .. base + slots - 1
+    run_memory_mb: int = 512  # the whole run's memory: every process, memfds, shared memory and its /tmp
+    cgroup: bool = True  # enforce run_memory_mb and max_procs with a cgroup where one can be made (else a watchdog)
     hide: tuple[str, ...] = ()  # extra host paths (inside /usr or the interpreter prefix) to cover with an empty tmpfs
     allow_unsafe: bool = False  # no namespaces: run a plain subprocess with rlimits only (logged every run)
 
     def __post_init__(self) -> None:
         positive = {"timeout_s": self.timeout_s, "memory_mb": self.memory_mb, "max_procs": self.max_procs,
                     "max_file_mb": self.max_file_mb, "max_open_files": self.max_open_files, "tmp_mb": self.tmp_mb,
-                    "max_output_bytes": self.max_output_bytes, "uid_slots": self.uid_slots}
+                    "max_output_bytes": self.max_output_bytes, "uid_slots": self.uid_slots,
+                    "run_memory_mb": self.run_memory_mb}
         if self.cpu_s is not None:
             positive["cpu_s"] = self.cpu_s
         for name, value in positive.items():
@@ -120,6 +135,8 @@ class SandboxResult:
     output_truncated: bool
     wall_s: float
     isolated: bool = True  # False for an allow_unsafe run
+    memory_exceeded: bool = False  # killed for going over run_memory_mb
+    memory_peak_mb: float = 0.0  # the run's peak memory as its cgroup (or the watchdog) saw it
 
 
 @functools.lru_cache(maxsize=None)
@@ -142,25 +159,63 @@ def _layout() -> tuple[str, tuple[str, ...], tuple[tuple[str, str], ...], tuple[
 
 
 class _UidPool:
-    """Distinct unprivileged uids for concurrent runs of this process."""
+    """Unprivileged uids no other run on this host holds: uid ``u`` is held while an exclusive ``flock``
+    on ``lopd-sandbox-uid-<u>.lock`` is (per open file, so threads of one process exclude each other
+    too; the kernel drops it when its holder dies, so a crash frees its uids)."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._busy: Counter[int] = Counter()
+    @functools.cached_property
+    def lock_dir(self) -> Path:
+        for d in LOCK_DIRS:
+            if os.access(d, os.W_OK):
+                return Path(d)
+        raise SandboxError(f"no writable directory for the sandbox's uid locks among {LOCK_DIRS}")
 
     @contextmanager
     def take(self, base: int, slots: int) -> Iterator[int]:
-        with self._lock:
-            uid = min(range(base, base + slots), key=lambda u: self._busy[u])
-            self._busy[uid] += 1
-        try:
-            yield uid
-        finally:
-            with self._lock:
-                self._busy[uid] -= 1
+        deadline = time.monotonic() + UID_WAIT_S
+        while True:
+            for uid in range(base, base + slots):
+                fd = os.open(self.lock_dir / f"lopd-sandbox-uid-{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as exc:
+                    os.close(fd)
+                    if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                        raise
+                    continue
+                try:
+                    yield uid
+                finally:
+                    os.close(fd)  # releases the lock
+                return
+            if time.monotonic() > deadline:
+                raise SandboxError(f"every sandbox uid {base}..{base + slots - 1} stayed held for {UID_WAIT_S:.0f} s")
+            time.sleep(0.01)
+
+
+    def strays(self, base: int, slots: int) -> list[int]:
+        """Host pids of pool uids that no run holds: what a finished run left behind (should be none)."""
+        strays = []
+        for uid in range(base, base + slots):
+            fd = os.open(self.lock_dir / f"lopd-sandbox-uid-{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a live run holds it: its processes are its own
+            else:
+                strays += processes_of(uid)  # checked while holding the lock: no run can start on it meanwhile
+            finally:
+                os.close(fd)
+        return strays
 
 
 _UIDS = _UidPool()
+
+
+def stray_processes(limits: SandboxLimits | None = None) -> list[int]:
+    """Processes of the sandbox's uid pool that no running sandbox owns (concurrent runs elsewhere are not strays)."""
+    limits = limits or SandboxLimits()
+    return _UIDS.strays(limits.uid_base, limits.uid_slots)
 
 
 def processes_of(uids: int | Iterable[int]) -> list[int]:
@@ -179,10 +234,12 @@ def processes_of(uids: int | Iterable[int]) -> list[int]:
     return pids
 
 
-def _communicate(proc: subprocess.Popen, data: bytes, deadline: float, cap: int) -> tuple[bytes, bytes, bool, bool]:
-    """Feed stdin and read stdout/stderr until EOF, the deadline or the cap: ``(out, err, timed_out, truncated)``."""
+def _communicate(proc: subprocess.Popen, data: bytes, deadline: float, cap: int,
+                 over_budget: Callable[[], bool]) -> tuple[bytes, bytes, bool, bool, bool]:
+    """Feed stdin and read stdout/stderr until EOF, the deadline, the cap or the memory budget, then until
+    the process exits: ``(out, err, timed_out, truncated, over)``."""
     bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
-    timed_out = truncated = False
+    timed_out = truncated = over = False
     with selectors.DefaultSelector() as sel:
         for f in bufs:
             sel.register(f, selectors.EVENT_READ)
@@ -197,7 +254,10 @@ def _communicate(proc: subprocess.Popen, data: bytes, deadline: float, cap: int)
             if remaining <= 0:
                 timed_out = True
                 break
-            for key, _ in sel.select(remaining):
+            if over_budget():
+                over = True
+                break
+            for key, _ in sel.select(min(remaining, WATCH_EVERY_S)):
                 f = key.fileobj
                 if f is proc.stdin:
                     try:
@@ -220,7 +280,17 @@ def _communicate(proc: subprocess.Popen, data: bytes, deadline: float, cap: int)
                 if len(chunk) > room:
                     truncated = True
                     break
-    return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), timed_out, truncated
+    while not (timed_out or truncated or over) and proc.poll() is None:  # it may close its streams and run on
+        if time.monotonic() >= deadline:
+            timed_out = True
+        elif over_budget():
+            over = True
+        else:
+            try:  # returns the moment it exits
+                proc.wait(timeout=min(WATCH_EVERY_S, max(0.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                pass
+    return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), timed_out, truncated, over
 
 
 def _read_status(fd: int) -> str:
@@ -244,48 +314,65 @@ def _run(source: str, stdin: bytes, limits: SandboxLimits, isolated: bool) -> Sa
     cfg = {"isolated": isolated, "source": source, "rlimits": limits.rlimits(), "tmp_mb": limits.tmp_mb,
            "binds": binds, "links": links, "hide": [*hide, *limits.hide]}
     workdir = None if isolated else tempfile.mkdtemp(prefix="lopd-unsafe-")
-    status_r, status_w = os.pipe() if isolated else (-1, -1)
-    with _UIDS.take(limits.uid_base, limits.uid_slots) as uid:
-        cfg.update(uid=uid, status_fd=status_w)
+    with _UIDS.take(limits.uid_base, limits.uid_slots) if isolated else _no_uid() as uid:
+        # one budget for the whole run: a cgroup its pid 1 joins before forking the program, else a watchdog
+        group = make_run_cgroup(limits.run_memory_mb, limits.max_procs + 2) if isolated and limits.cgroup else None
+        watchdog = None
+        if isolated and group is None:
+            warn_watchdog(cgroup_unavailable_reason() or "SandboxLimits.cgroup is False")
+            watchdog = Watchdog(uid, limits.run_memory_mb)
+        budget = group or watchdog
+        cfg.update(uid=uid, cgroup_procs=group.procs_files if group else [],
+                   seccomp=filter_bpf(deny_shared_memory=group is None).hex() if isolated else "")
+        status_r, status_w = os.pipe() if isolated else (-1, -1)
+        cfg.update(status_fd=status_w)
         argv = [python, "-I", "-S", "-B", "-c", INIT_SOURCE, json.dumps(cfg)]
+        killed = over = False
+        peak = 0
         start = time.monotonic()
         try:
-            proc = subprocess.Popen(
-                [shutil.which("unshare", path="/usr/bin:/bin:/usr/sbin:/sbin") or "unshare", *UNSHARE_FLAGS, *argv]
-                if isolated else argv,
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV,
-                cwd=workdir or "/", pass_fds=(status_w,) if isolated else (), start_new_session=not isolated)
-        finally:
-            if isolated:
-                os.close(status_w)
-        try:
-            out, err, timed_out, truncated = _communicate(proc, stdin, start + limits.timeout_s,
-                                                          limits.max_output_bytes)
-            if not (timed_out or truncated):
-                try:  # the program may close its streams and keep running
-                    proc.wait(timeout=max(0.0, start + limits.timeout_s - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    timed_out = True
-            killed = timed_out or truncated
-            if killed:
+            try:
+                proc = subprocess.Popen(
+                    [shutil.which("unshare", path="/usr/bin:/bin:/usr/sbin:/sbin") or "unshare", *UNSHARE_FLAGS, *argv]
+                    if isolated else argv,
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV,
+                    cwd=workdir or "/", pass_fds=(status_w,) if isolated else (), start_new_session=not isolated)
+            finally:
                 if isolated:
-                    proc.kill()  # --kill-child: pid 1 of the namespace dies, and with it every process inside
-                else:
-                    os.killpg(proc.pid, signal.SIGKILL)
-            returncode = proc.wait()
-            wall_s = time.monotonic() - start
+                    os.close(status_w)
+            try:
+                out, err, timed_out, truncated, over = _communicate(
+                    proc, stdin, start + limits.timeout_s, limits.max_output_bytes,
+                    budget.over_budget if budget else (lambda: False))
+                killed = timed_out or truncated or over
+                if killed:
+                    if isolated:
+                        proc.kill()  # --kill-child: pid 1 of the namespace dies, and with it every process inside
+                    else:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                returncode = proc.wait()
+                wall_s = time.monotonic() - start
+            finally:
+                for f in (proc.stdin, proc.stdout, proc.stderr):
+                    if f is not None and not f.closed:
+                        f.close()
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                status = _read_status(status_r) if isolated else ""
+                if workdir is not None:
+                    shutil.rmtree(workdir, ignore_errors=True)
         finally:
-            for f in (proc.stdin, proc.stdout, proc.stderr):
-                if f is not None and not f.closed:
-                    f.close()
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            status = _read_status(status_r) if isolated else ""
-            if workdir is not None:
-                shutil.rmtree(workdir, ignore_errors=True)
-        if killed and isolated:
-            _wait_gone(uid)
+            if group is not None:
+                over = over or group.over_budget()  # an OOM kill just before the end still fails the run
+                peak = group.peak_bytes()
+                if left := group.remove():
+                    log.error("sandbox: processes %s of the run's cgroup still alive %.0f s after the kill", left,
+                              REAP_WAIT_S)
+            elif watchdog is not None:
+                peak = watchdog.peak
+                if killed:
+                    _wait_gone(uid)
     stderr = err.decode(errors="replace")
     if isolated and not killed:
         if status.startswith("err "):
@@ -293,8 +380,14 @@ def _run(source: str, stdin: bytes, limits: SandboxLimits, isolated: bool) -> Sa
         if not status.startswith("exit "):
             raise SandboxError(f"sandbox did not start (unshare exit {returncode}): {stderr.strip()[-500:]}")
         returncode = os.waitstatus_to_exitcode(int(status.split()[1]))
-    return SandboxResult(-9 if killed else returncode, out.decode(errors="replace"), stderr, timed_out, truncated,
-                         wall_s, isolated)
+    return SandboxResult(-9 if killed or over else returncode, out.decode(errors="replace"), stderr, timed_out,
+                         truncated, wall_s, isolated, memory_exceeded=over,
+                         memory_peak_mb=(peak if budget else 0) / 2**20)
+
+
+@contextmanager
+def _no_uid() -> Iterator[int]:
+    yield -1  # an allow_unsafe run keeps the caller's uid
 
 
 def _wait_gone(uid: int) -> None:
@@ -316,6 +409,8 @@ def sandbox_unavailable_reason() -> str | None:
         return "`unshare` (util-linux) is not installed"
     if os.geteuid() != 0:
         return f"not root (euid {os.geteuid()}): creating namespaces and switching to the sandbox uid needs root"
+    if (reason := seccomp_unavailable_reason()) is not None:
+        return reason
     try:
         result = _run("print('lopd-sandbox-ok')", b"", SandboxLimits(timeout_s=30.0), isolated=True)
     except (SandboxError, OSError) as exc:
