@@ -96,7 +96,8 @@ def main() -> None:
     print(f"hostile candidates ({hostile.TARGET} unless named; timeout 1.5 s):")
     for name in hostile.CASES:
         drop, v = hostile.peak_drop_mb(lambda: grade(by_id[hostile.target(name)].tests, hostile.source(name), limits))
-        mem = f"  host memory fell {drop:4.0f} MB (budget {limits.run_memory_mb})" if "memory" in name or "memfd" in name else ""
+        hog = "memory" in name or "memfd" in name
+        mem = f"  host memory fell {drop:4.0f} MB (budget {limits.run_memory_mb})" if hog else ""
         where = "" if hostile.target(name) == hostile.TARGET else f" ({hostile.target(name)})"
         print(f"  {name + where:40s} reward {v.reward:.2f}  {v.wall_s * 1000:6.0f} ms  {v.feedback()[:80]}{mem}")
 

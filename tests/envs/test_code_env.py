@@ -115,7 +115,8 @@ def test_episode_ends_when_all_tests_pass(tasks):
     assert [m["role"] for m in messages] == ["system", "user"] and "def strlen" in messages[1]["content"]
     first = env.step("I think this works:\n```python\ndef strlen(string):\n    return len(string) - 1\n```")
     assert not first.done and first.reward == 0.0 and first.info["short"] == "0/2 passed"
-    assert "success" not in first.info and first.observation.startswith("0/2 tests passed; examples 0/1 passed; strlen('')")
+    assert "success" not in first.info
+    assert first.observation.startswith("0/2 tests passed; examples 0/1 passed; strlen('')")
     empty = env.step("Let me think about it.")
     assert not empty.done and empty.reward == 0.0 and "no ```python block" in empty.observation
     assert empty.info["short"] == "no code block" and not any(empty.info["checks"].values())

@@ -227,23 +227,52 @@ THREADS = textwrap.dedent("""
 """)
 
 
+def run_of_14(limits, deadline_s: float = 20.0) -> tuple[int, list[int]]:
+    """The pool uid whose run holds HOLD_14's 14 processes, once there is one, and those pids (other test
+    processes' runs, going on at the same time, hold other uids)."""
+    from lopd.envs.code.uids import processes_of
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        for uid in range(limits.uid_base, limits.uid_base + limits.uid_slots):
+            if len(pids := processes_of(uid)) >= 14:
+                return uid, pids
+        time.sleep(0.02)
+    raise AssertionError("the other process's run did not start")
+
+
 def test_a_threaded_run_is_not_starved_by_another_process_s_runs():
     """Another process's run holds 14 processes of the pool: this process's threaded run must still
     start its 8 threads (it scored 0, "can't start new thread", when both shared one uid)."""
-    from lopd.envs.code.sandbox import processes_of
     limits = SandboxLimits()
-    pool = range(limits.uid_base, limits.uid_base + limits.uid_slots)
-    before = len(processes_of(pool))
     other = subprocess.Popen([sys.executable, "-c", "from lopd.envs.code import run_python\n"
                               f"run_python({HOLD_14!r}, timeout_s=8.0)"])
     try:
-        deadline = time.monotonic() + 20
-        while len(processes_of(pool)) < before + 14 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert len(processes_of(pool)) >= before + 14, "the other process's run did not start"
+        run_of_14(limits)
         result = run_python(THREADS, timeout_s=2.0)
         assert result.stdout.strip() == "8", result.stderr[-300:]
         assert result.wall_s < 2.0
     finally:
         other.kill()
         other.wait()
+
+
+def test_no_run_outlives_its_grader():
+    """A trainer killed mid-grade: its run's processes die with it (nothing else would enforce the run's
+    timeout), and the next process to start removes the dead run's cgroup."""
+    from lopd.envs.code import cgroup
+    from lopd.envs.code.uids import processes_of
+    limits = SandboxLimits()
+    grader = subprocess.Popen([sys.executable, "-c", "from lopd.envs.code import run_python\n"
+                               f"run_python({HOLD_14!r}, timeout_s=60.0)"])
+    uid, run_pids = run_of_14(limits)
+    grader.kill()
+    grader.wait()
+    deadline = time.monotonic() + 5
+    while set(run_pids) & set(processes_of(uid)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not set(run_pids) & set(processes_of(uid))
+    if cgroup.cgroup_unavailable_reason() is None:
+        parents = cgroup._layout().parents.values()
+        cgroup._layout.cache_clear()
+        cgroup._layout()  # what a new process does first
+        assert not [d for p in parents for d in p.glob(f"run-{grader.pid}-*")]

@@ -65,7 +65,7 @@ def test_hostile_candidate_scores_zero(tasks, case):
         assert verdict.output_truncated and "cap" in verdict.feedback()
     if case in ("infinite_loop", "setsid_fork_bomb"):  # a held-out call's timeout holds no expected value: shown
         assert verdict.timed_out and "timed out" in verdict.feedback()
-    if case in ("forked_memory_hogs", "memfd_hog"):
+    if case in ("forked_memory_hogs", "memfd_hog") and not verdict.timed_out:  # a loaded machine may time out first
         assert verdict.memory_exceeded and "memory budget" in verdict.feedback()
 
 

@@ -29,7 +29,9 @@ Steps (isolated mode):
    core = 0) and runs the program in-process as ``__main__``.
 4. pid 1 waits for the child and reports its raw wait status on the status pipe. When pid 1
    exits, the kernel kills everything left in the pid namespace (setsid'd fork bombs included);
-   when the host side kills ``unshare``, ``--kill-child`` SIGKILLs pid 1, with the same effect.
+   when the host side kills ``unshare``, ``--kill-child`` SIGKILLs pid 1, with the same effect;
+   when the grader dies (its end of the status pipe closes), pid 1 exits at once, with the same
+   effect: no run outlives the process that started it.
 
 The status pipe (fd ``status_fd``) is closed in the child before the program runs, so the
 program can never forge a setup error or an exit status. Unsafe mode (``isolated`` false) does
@@ -171,6 +173,26 @@ def run_program(source):
     os._exit(code & 0xFF)
 
 
+def outlive_no_parent(pid, status_fd):
+    """Wait for the program's end, or for the grader's: if the process that started this run dies (its
+    end of the status pipe closes: POLLERR here), exit at once, and the kernel kills every process of the
+    namespace. Otherwise nothing would enforce the run's timeout once its grader is gone."""
+    import select
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # a kernel before 5.3: plain waitpid, as before
+        return
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    poller.register(status_fd, select.POLLERR)
+    while True:
+        events = dict(poller.poll())
+        if status_fd in events:
+            os._exit(137)
+        if pidfd in events:
+            return
+
+
 def main():
     cfg = json.loads(sys.argv[1])
     if not cfg["isolated"]:
@@ -195,6 +217,7 @@ def main():
             os.write(status_fd, f"err sandbox: {type(exc).__name__}: {exc}\n".encode())
             os._exit(125)
         run_program(cfg["source"])
+    outlive_no_parent(pid, status_fd)
     _, status = os.waitpid(pid, 0)
     os.write(status_fd, f"exit {status}\n".encode())
     code = os.waitstatus_to_exitcode(status)

@@ -87,6 +87,7 @@ def _layout() -> _Layout | str:
             parents = {c: mounts[c] / own.get(c, "/").lstrip("/") / PARENT for c in ("memory", "pids")}
             for p in parents.values():
                 p.mkdir(exist_ok=True)
+                _remove_orphans(p)
             return _Layout(1, parents)
         if "unified" in mounts:
             root = mounts["unified"]
@@ -96,10 +97,25 @@ def _layout() -> _Layout | str:
             parent = root / PARENT  # at the root: a non-root cgroup with processes cannot enable controllers
             parent.mkdir(exist_ok=True)
             (parent / "cgroup.subtree_control").write_text("+memory +pids")
+            _remove_orphans(parent)
             return _Layout(2, {"unified": parent})
     except OSError as exc:
         return f"cannot create a cgroup ({exc.strerror or exc}: {getattr(exc, 'filename', '')})"
     return "no memory and pids cgroup hierarchy is mounted"
+
+
+def _remove_orphans(parent: Path) -> None:
+    """Delete the empty run cgroups of processes that died mid-run (``run-<pid>-<id>``: nobody else removes them)."""
+    for d in parent.glob("run-*-*"):
+        try:
+            os.kill(int(d.name.split("-")[1]), 0)
+        except ProcessLookupError:
+            try:
+                d.rmdir()
+            except OSError:
+                pass  # still populated: its processes are dying; a later start removes it
+        except (ValueError, PermissionError):
+            pass
 
 
 def cgroup_unavailable_reason() -> str | None:
@@ -218,7 +234,7 @@ class Watchdog:
         self.uid, self.budget, self.peak = uid, memory_mb << 20, 0
 
     def usage_bytes(self) -> int:
-        from .sandbox import processes_of
+        from .uids import processes_of
         total, tmp_seen = 0, False
         for pid in processes_of(self.uid):
             try:

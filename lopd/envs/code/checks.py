@@ -25,18 +25,7 @@ Two kinds of problem:
   compared with :func:`same`; any other assert (``math.fabs(poly(coeffs, x)) < 1e-4``) by its
   truth. A failed call makes its assert fail whatever the assert says.
 
-Feedback tests and held-out tests. A multi-turn policy reads the feedback, so an expected value
-the feedback shows can be copied back without solving anything (a table answering by call
-reached success on 106 of 164 problems in 8 turns). So each test is either a **feedback test**,
-whose expected value the observation may show, or a **held-out test**, whose expected value
-never leaves this process (:func:`split_public`): a test is a feedback test when its call is one
-of the prompt's own docstring examples, whose answer the policy reads in the task anyway. Two
-rules keep the held-out tests a real check: when every test is a docstring example, every test
-is held out (HumanEval/34); and when the held-out tests would all expect one value while the
-problem's tests expect several, feedback tests with other values are held out too (HumanEval/35,
-40, 54, 113), so no constant answers the held-out tests. Problems without docstring examples
-matching a test (49 literal ones) and the scripted ones hold out every test: their feedback is
-counts and the last error line only.
+Which tests the feedback may show is :mod:`.heldout`'s business.
 """
 
 from __future__ import annotations
@@ -89,7 +78,8 @@ class LiteralCase:
 
     call: int
     expected: Any
-    mode: str = "eq"  # "eq": same(result, expected); "seq": same(tuple(result), tuple(expected)); "close": |result - expected| < tol
+    # "eq": same(result, expected); "seq": same(tuple(result), tuple(expected)); "close": |result - expected| < tol
+    mode: str = "eq"
     tol: float = 0.0  # the bound of a "close" case
     inclusive: bool = False  # a "close" case written with <=
 
@@ -210,7 +200,7 @@ def _literal_assert(test: ast.expr, names: set[str]) -> tuple[ast.Call, Any, str
     raise ProblemParseError("not a literal input/output assert")
 
 
-def _literal_args(call: ast.Call) -> tuple[tuple, dict]:
+def literal_args(call: ast.Call) -> tuple[tuple, dict]:
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
         raise ProblemParseError("*args / **kwargs in a test call")
     return tuple(_const(a) for a in call.args), {k.arg: _const(k.value) for k in call.keywords}
@@ -251,7 +241,7 @@ def parse_literal(task_id: str, test_source: str, entry_point: str) -> ProblemTe
             dropped.append(f"{ast.unparse(stmt.test)[:60]}... (compares the candidate with itself)")
             continue
         call, expected, mode, tol, inclusive = _literal_assert(stmt.test, names)
-        args, kwargs = _literal_args(call)
+        args, kwargs = literal_args(call)
         calls.append(Call((encode(args), encode(kwargs)), call_label(entry_point, args, kwargs)))
         cases.append(LiteralCase(len(calls) - 1, expected, mode, tol, inclusive))
     if not cases:
@@ -360,55 +350,10 @@ def record_scripted(task_id: str, prompt: str, test_source: str, entry_point: st
                         assert_calls=tuple(c for c, _ in asserts), assert_sources=tuple(s for _, s in asserts))
 
 
-# --- feedback tests and held-out tests ------------------------------------------------------------
-
-def docstring_calls(prompt: str, entry_point: str) -> set[str]:
-    """The repr of the encoded ``(args, kwargs)`` of every call of ``entry_point`` with literal arguments in ``prompt``
-    (its docstring examples: ``>>> f(3)``, ``f(3) ➞ 4``, ``f(3) == 4``); the signature does not parse as one."""
-    out = set()
-    start = prompt.find(entry_point + "(")
-    while start >= 0:
-        depth, end = 0, None
-        for j in range(start + len(entry_point), len(prompt)):
-            depth += prompt[j] in "([{"
-            depth -= prompt[j] in ")]}"
-            if depth == 0:
-                end = j + 1
-                break
-        try:
-            call = ast.parse(prompt[start:end], mode="eval").body if end else None
-            if isinstance(call, ast.Call):
-                args, kwargs = _literal_args(call)
-                out.add(repr((encode(args), encode(kwargs))))
-        except (SyntaxError, ValueError, TypeError):
-            pass  # the signature, or an example with names in it
-        start = prompt.find(entry_point + "(", start + 1)
-    return out
-
-
-def split_public(tests: ProblemTests) -> tuple[bool, ...]:
-    """Per test, whether it is a feedback test (the module docstring gives the rules)."""
-    if tests.kind == "scripted":
-        return (False,) * tests.n_tests
-    examples = docstring_calls(tests.prompt, tests.entry_point)
-    public = [repr(tests.calls[c.call].encoded) in examples for c in tests.cases]
-    if all(public):
-        return (False,) * tests.n_tests
-    values = [repr(c.expected) for c in tests.cases]
-    for i, value in enumerate(values):  # hold out tests until no one constant answers every held-out test
-        held = {v for v, pub in zip(values, public) if not pub}
-        if len(held) >= min(2, len(set(values))):
-            break
-        if public[i] and value not in held:
-            public[i] = False
-    return tuple(public)
-
-
 def parse_problem(task_id: str, prompt: str, test_source: str, entry_point: str) -> ProblemTests:
-    """Literal if every assert is literal, else scripted (see the module docstring); tests split into
-    feedback and held-out ones."""
+    """Literal if every assert is literal, else scripted (see the module docstring). Every test is held out
+    until :func:`.heldout.split_public` says which are feedback tests."""
     try:
-        tests = dataclasses.replace(parse_literal(task_id, test_source, entry_point), prompt=prompt)
+        return dataclasses.replace(parse_literal(task_id, test_source, entry_point), prompt=prompt)
     except ProblemParseError:
-        tests = record_scripted(task_id, prompt, test_source, entry_point)
-    return dataclasses.replace(tests, public=split_public(tests))
+        return record_scripted(task_id, prompt, test_source, entry_point)

@@ -34,8 +34,6 @@ subprocess with the rlimits only and says so with ``logging.warning`` on every r
 from __future__ import annotations
 
 import dataclasses
-import errno
-import fcntl
 import functools
 import glob
 import json
@@ -48,15 +46,15 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterator
 
 from .cgroup import Watchdog, cgroup_unavailable_reason, make_run_cgroup, warn_watchdog
 from .seccomp import filter_bpf, seccomp_unavailable_reason
+from .uids import UIDS, processes_of, stray_processes  # noqa: F401 - stray_processes: part of this API
 
 __all__ = ["SandboxError", "SandboxLimits", "SandboxResult", "SandboxUnavailable", "run_python",
            "sandbox_available", "sandbox_unavailable_reason", "stray_processes"]
@@ -68,9 +66,8 @@ UNSHARE_FLAGS = ("--fork", "--kill-child", "--pid", "--net", "--mount", "--mount
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # all the program sees of the host's environment
 MAX_SOURCE_BYTES = 100_000  # the program travels as one argv string (Linux caps one at 128 KiB)
 REAP_WAIT_S = 5.0  # after a kill, how long to wait for the namespace's processes to be gone
-UID_WAIT_S = 60.0  # how long a run waits for a free uid when every uid of the pool is held
 WATCH_EVERY_S = 0.01  # how often the parent checks the run's memory budget
-LOCK_DIRS = ("/run/lock", tempfile.gettempdir())  # where the uid locks live: host-wide, the first writable
+
 FIX = ("run as root where pid/net/mount namespaces are allowed (e.g. `docker run --privileged ...` or a VM), "
        "or pass allow_unsafe=True to run the code WITHOUT isolation (rlimits only)")
 
@@ -158,82 +155,6 @@ def _layout() -> tuple[str, tuple[str, ...], tuple[tuple[str, str], ...], tuple[
     return python, tuple(binds), tuple(links), tuple(hide)
 
 
-class _UidPool:
-    """Unprivileged uids no other run on this host holds: uid ``u`` is held while an exclusive ``flock``
-    on ``lopd-sandbox-uid-<u>.lock`` is (per open file, so threads of one process exclude each other
-    too; the kernel drops it when its holder dies, so a crash frees its uids)."""
-
-    @functools.cached_property
-    def lock_dir(self) -> Path:
-        for d in LOCK_DIRS:
-            if os.access(d, os.W_OK):
-                return Path(d)
-        raise SandboxError(f"no writable directory for the sandbox's uid locks among {LOCK_DIRS}")
-
-    @contextmanager
-    def take(self, base: int, slots: int) -> Iterator[int]:
-        deadline = time.monotonic() + UID_WAIT_S
-        while True:
-            for uid in range(base, base + slots):
-                fd = os.open(self.lock_dir / f"lopd-sandbox-uid-{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError as exc:
-                    os.close(fd)
-                    if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                        raise
-                    continue
-                try:
-                    yield uid
-                finally:
-                    os.close(fd)  # releases the lock
-                return
-            if time.monotonic() > deadline:
-                raise SandboxError(f"every sandbox uid {base}..{base + slots - 1} stayed held for {UID_WAIT_S:.0f} s")
-            time.sleep(0.01)
-
-
-    def strays(self, base: int, slots: int) -> list[int]:
-        """Host pids of pool uids that no run holds: what a finished run left behind (should be none)."""
-        strays = []
-        for uid in range(base, base + slots):
-            fd = os.open(self.lock_dir / f"lopd-sandbox-uid-{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                continue  # a live run holds it: its processes are its own
-            else:
-                strays += processes_of(uid)  # checked while holding the lock: no run can start on it meanwhile
-            finally:
-                os.close(fd)
-        return strays
-
-
-_UIDS = _UidPool()
-
-
-def stray_processes(limits: SandboxLimits | None = None) -> list[int]:
-    """Processes of the sandbox's uid pool that no running sandbox owns (concurrent runs elsewhere are not strays)."""
-    limits = limits or SandboxLimits()
-    return _UIDS.strays(limits.uid_base, limits.uid_slots)
-
-
-def processes_of(uids: int | Iterable[int]) -> list[int]:
-    """Host pids whose real, effective, saved or fs uid is one of ``uids`` (zombies included)."""
-    wanted = {str(uids)} if isinstance(uids, int) else {str(u) for u in uids}
-    pids = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/status") as f:
-                    ids = next((line.split()[1:] for line in f if line.startswith("Uid:")), [])
-            except OSError:
-                continue
-            if wanted.intersection(ids):
-                pids.append(int(name))
-    return pids
-
-
 def _communicate(proc: subprocess.Popen, data: bytes, deadline: float, cap: int,
                  over_budget: Callable[[], bool]) -> tuple[bytes, bytes, bool, bool, bool]:
     """Feed stdin and read stdout/stderr until EOF, the deadline, the cap or the memory budget, then until
@@ -314,7 +235,7 @@ def _run(source: str, stdin: bytes, limits: SandboxLimits, isolated: bool) -> Sa
     cfg = {"isolated": isolated, "source": source, "rlimits": limits.rlimits(), "tmp_mb": limits.tmp_mb,
            "binds": binds, "links": links, "hide": [*hide, *limits.hide]}
     workdir = None if isolated else tempfile.mkdtemp(prefix="lopd-unsafe-")
-    with _UIDS.take(limits.uid_base, limits.uid_slots) if isolated else _no_uid() as uid:
+    with UIDS.take(limits.uid_base, limits.uid_slots) if isolated else _no_uid() as uid:
         # one budget for the whole run: a cgroup its pid 1 joins before forking the program, else a watchdog
         group = make_run_cgroup(limits.run_memory_mb, limits.max_procs + 2) if isolated and limits.cgroup else None
         watchdog = None

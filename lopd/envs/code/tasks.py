@@ -14,6 +14,7 @@ import hashlib
 from dataclasses import dataclass
 
 from .checks import ProblemTests, parse_problem
+from .heldout import split_public
 
 SPLIT_SALT = "lopd-code-split/v1/"
 SPLIT_SIZES = {"train": 100, "dev": 32, "test": 32}  # in this order along the hash ranking
@@ -59,7 +60,7 @@ def _all_tasks() -> tuple[CodeTask, ...]:
     problems = read_problems()
     splits = split_ids(list(problems))
     return tuple(CodeTask(tid, splits[tid], task_text(p["prompt"]), p["entry_point"],
-                          parse_problem(tid, p["prompt"], p["test"], p["entry_point"]),
+                          split_public(parse_problem(tid, p["prompt"], p["test"], p["entry_point"])),
                           p["prompt"] + p["canonical_solution"], p["prompt"])
                  for tid, p in problems.items())
 
