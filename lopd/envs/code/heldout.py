@@ -1,17 +1,17 @@
 """Feedback tests and held-out tests: which expected values the feedback may show.
 
 A multi-turn policy reads the feedback, so an expected value the feedback shows can be copied back
-without solving anything (a table answering each call from the values shown in earlier turns
-reached success on 106 of 164 problems in 8 turns). So each test is either a **feedback test**,
-whose expected value the observation may show, or a **held-out test**, whose expected value
-never leaves this process (:func:`split_public`): a test is a feedback test when its call is one
-of the prompt's own docstring examples, whose answer the policy reads in the task anyway. Two
-rules keep the held-out tests a real check: when every test is a docstring example, every test
-is held out (HumanEval/34); and when the held-out tests would all expect one value while the
-problem's tests expect several, feedback tests with other values are held out too (HumanEval/35,
-40, 54, 113), so no constant answers the held-out tests. Problems without docstring examples
-matching a test (51 literal ones) and the scripted ones hold out every test: their feedback is
-the count and the last error line only.
+without solving anything: a table answering each call from the values shown in earlier turns
+(:func:`.hostile.harvest_feedback`) reached success on 110 of 164 problems in 8 turns when every
+failure showed its expected value. So each test is either a **feedback test**, whose expected
+value the observation may show, or a **held-out test**, whose expected value never leaves the
+parent (:func:`split_public`): a test is a feedback test when its call is one of the prompt's own
+docstring examples, whose answer the policy reads in the task anyway. Two rules keep the held-out
+tests a real check: when every test is a docstring example, every test is held out (HumanEval/34);
+and when the held-out tests would all expect one value while the problem's tests expect several,
+feedback tests with other values are held out too (HumanEval/35, 40, 54, 113), so no constant
+answers the held-out tests. Problems without a docstring example among their tests (51 literal
+ones) and the scripted ones hold out every test: their feedback is the count and the last error line only.
 """
 
 from __future__ import annotations

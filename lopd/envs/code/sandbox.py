@@ -161,6 +161,15 @@ def _communicate(proc: subprocess.Popen, data: bytes, deadline: float, cap: int,
     the process exits: ``(out, err, timed_out, truncated, over)``."""
     bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
     timed_out = truncated = over = False
+    next_check = time.monotonic() + WATCH_EVERY_S
+
+    def over_now() -> bool:  # at most every WATCH_EVERY_S: the watchdog's check scans /proc
+        nonlocal next_check
+        if time.monotonic() < next_check:
+            return False
+        next_check = time.monotonic() + WATCH_EVERY_S
+        return over_budget()
+
     with selectors.DefaultSelector() as sel:
         for f in bufs:
             sel.register(f, selectors.EVENT_READ)
@@ -175,7 +184,7 @@ def _communicate(proc: subprocess.Popen, data: bytes, deadline: float, cap: int,
             if remaining <= 0:
                 timed_out = True
                 break
-            if over_budget():
+            if over_now():
                 over = True
                 break
             for key, _ in sel.select(min(remaining, WATCH_EVERY_S)):
@@ -204,7 +213,7 @@ def _communicate(proc: subprocess.Popen, data: bytes, deadline: float, cap: int,
     while not (timed_out or truncated or over) and proc.poll() is None:  # it may close its streams and run on
         if time.monotonic() >= deadline:
             timed_out = True
-        elif over_budget():
+        elif over_now():
             over = True
         else:
             try:  # returns the moment it exits
