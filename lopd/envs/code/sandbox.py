@@ -246,10 +246,16 @@ def _run(source: str, stdin: bytes, limits: SandboxLimits, isolated: bool) -> Sa
     workdir = None if isolated else tempfile.mkdtemp(prefix="lopd-unsafe-")
     with UIDS.take(limits.uid_base, limits.uid_slots) if isolated else _no_uid() as uid:
         # one budget for the whole run: a cgroup its pid 1 joins before forking the program, else a watchdog
-        group = make_run_cgroup(limits.run_memory_mb, limits.max_procs + 2) if isolated and limits.cgroup else None
+        group, why = None, "SandboxLimits.cgroup is False"
+        if isolated and limits.cgroup:
+            try:
+                group = make_run_cgroup(limits.run_memory_mb, limits.max_procs + 2)
+                why = cgroup_unavailable_reason() or ""
+            except OSError as exc:  # this run's cgroup could not be made (a full hierarchy?): the watchdog serves
+                why = f"this run's cgroup failed: {exc}"
         watchdog = None
         if isolated and group is None:
-            warn_watchdog(cgroup_unavailable_reason() or "SandboxLimits.cgroup is False")
+            warn_watchdog(why)
             watchdog = Watchdog(uid, limits.run_memory_mb)
         budget = group or watchdog
         cfg.update(uid=uid, cgroup_procs=group.procs_files if group else [],
