@@ -9,6 +9,56 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The suite runs on pytest-xdist workers (pyproject's addopts: -n auto --dist loadscope; docs/operate.md,
+# "How the suite is parallelised"). loadscope sends each test module to one worker as a whole, so a module's
+# fixtures (a smoke pipeline, a Prefect server, a trained project) are built once and its tests run in file
+# order, as in one process. (loadgroup's xdist_group marks do not work with pytest 9.2 and xdist 3.8.0:
+# xdist writes the group into Item._nodeid, which pytest 9.2 no longer reads; pytest-xdist issue #1386.)
+#
+# The modules whose work dominates the wall time, heaviest first, as measured (docs/operate.md's durations
+# table). With --no-loadscope-reorder the workers take modules in collection order, so these start first and
+# the many short modules fill the gaps at the end. A module missing here is only scheduled later.
+HEAVY_FIRST = [
+    "tests/test_ops.py",
+    "tests/train/test_parallel.py",
+    "tests/test_dvc.py",
+    "tests/test_pipeline_smoke.py",
+    "tests/test_env_pipelines.py",
+    "tests/experiments/test_sweep.py",
+    "tests/test_real_checkpoint.py",
+    "tests/train/test_distill.py",
+]
+
+
+def _workers() -> int:
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: `pytest -p no:xdist` must still load this file
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per CPU this process may use (xdist's own default counts physical cores)."""
+    return _cpus()
+
+
+def pytest_configure(config):
+    # Each worker gets its share of the CPUs for torch's intra-op threads: with torch's default (one thread per
+    # CPU) two workers would each spread tiny matmuls over both cores and fight for them. An OMP_NUM_THREADS
+    # set by the caller wins (torch reads it at import).
+    if _workers() > 1 and "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        torch.set_num_threads(max(1, _cpus() // _workers()))
+
+
+def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller hands out modules in this order
+        rank = {path: i for i, path in enumerate(HEAVY_FIRST)}
+        items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: file order kept
+
 
 @pytest.fixture
 def repo() -> Path:
