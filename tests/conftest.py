@@ -1,3 +1,4 @@
+import fnmatch
 import os
 from pathlib import Path
 
@@ -28,6 +29,33 @@ HEAVY_FIRST = [
     "tests/test_real_checkpoint.py",
     "tests/train/test_distill.py",
 ]
+
+
+# Modules that must never run at the same time as each other: one work unit, so one worker runs them one after
+# the other. The code sandbox gives concurrent runs of one process distinct uids from its pool, but two workers
+# would both take the pool's first uids: their programs would share RLIMIT_NPROC, and test_code_sandbox.py's
+# check that no process of the pool is left on the host would see the other worker's programs.
+RUN_APART_TOGETHER = {"code-sandbox": ("tests/envs/test_code_*.py", "tests/test_env_pipelines.py")}
+
+
+def _unit(nodeid: str) -> str:
+    """The work unit of a test: its RUN_APART_TOGETHER name, else its module."""
+    module = nodeid.split("::", 1)[0]
+    return next((name for name, globs in RUN_APART_TOGETHER.items() if any(fnmatch.fnmatch(module, g) for g in globs)), module)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadscope with the units of :func:`_unit` (xdist's own loadscope: one unit per module or class)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return UnitScheduling(config, log)
 
 
 def _workers() -> int:
