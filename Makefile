@@ -41,8 +41,9 @@ $(VLLM_STAMP): constraints-vllm.txt Makefile
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
+# -o addopts: pyproject's addopts run the suite on pytest-xdist workers, which this venv does not have.
 test-vllm: $(VLLM_STAMP)
-	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/pytest --noconftest -p no:cacheprovider tests/policy/test_vllm_backend.py
+	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/pytest --noconftest -p no:cacheprovider -o addopts="-ra -q" tests/policy/test_vllm_backend.py
 
 bench: install
 	$(BIN)/python benchmarks/rollout.py

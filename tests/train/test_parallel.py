@@ -120,10 +120,17 @@ def one_process(tmp_path_factory):
     return p, launch(p.root(), 1, *COMMON)
 
 
-def test_zero2_on_two_ranks_matches_one_process(one_process, tmp_path):
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """Every method on 2 ranks under ZeRO-2: compared with one process below, and the straight run that a
+    killed and resumed 2-rank run must equal (built once for both: a 2-rank launch is the costly part)."""
+    p = build_project(tmp_path_factory.mktemp("zero2"), *COMMON, init_std=INIT_STD)
+    return p, launch(p.root(), 2, *COMMON, "distill.engine=deepspeed")
+
+
+def test_zero2_on_two_ranks_matches_one_process(one_process, two_ranks):
     p1, single = one_process
-    p2 = build_project(tmp_path / "zero2", *COMMON, init_std=INIT_STD)
-    double = launch(p2.root(), 2, *COMMON, "distill.engine=deepspeed")
+    p2, double = two_ranks
     for method in FIRST_STEP:
         a, b = single["details"][method], double["details"][method]
         assert a["rollouts"] == b["rollouts"] == 8  # the global budget: 2 steps × 4
@@ -154,11 +161,14 @@ def test_zero3_on_two_ranks_completes_and_matches(one_process, tmp_path):
         torch.testing.assert_close(s3["lopd"][k], s1["lopd"][k], atol=1e-5, rtol=1e-4)
 
 
-def test_resume_under_deepspeed_continues_the_two_rank_run(tmp_path):
-    """Killed after step 1 of 2 (checkpoint at step 1) and resumed on 2 ranks = one straight 2-rank run."""
+def test_resume_under_deepspeed_continues_the_two_rank_run(two_ranks, tmp_path):
+    """Killed after step 1 of 2 (checkpoint at step 1) and resumed on 2 ranks = one straight 2-rank run.
+
+    The straight run is ``two_ranks``: the same params and base with OPSD and GRPO between LOPD and SFT. Each
+    method trains from its own seeds (``derive_seed(seed, method, ...)``), its own copy of the bank and its
+    own optimiser, so the methods run beside it change none of its numbers, and this test checks that too."""
+    straight, o1 = two_ranks
     extra = (*COMMON, "distill.methods=[lopd,sft]", "distill.engine=deepspeed")
-    straight = build_project(tmp_path / "straight", *extra, init_std=INIT_STD)
-    o1 = launch(straight.root(), 2, *extra)
     resumed = build_project(tmp_path / "resumed", *extra, init_std=INIT_STD)
     assert launch(resumed.root(), 2, *extra, stop_after=1) == {"stopped_after": 1, "method": "lopd"}
     o2 = launch(resumed.root(), 2, *extra, "distill.resume=true", resume=True)
