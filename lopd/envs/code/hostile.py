@@ -119,10 +119,11 @@ CASES = {
                     time.sleep(30)
             time.sleep(30)
         """,
-    # memory that no per-process limit counts: memfds (tmpfs pages), kept open
+    # memory that no per-process limit counts: memfds (tmpfs pages), kept open, from two processes
     "memfd_hog": """
         import os, time
         def f(ARGS):
+            os.fork()
             fds = []
             for _ in range(56):
                 fd = os.memfd_create("hog")
