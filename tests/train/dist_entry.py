@@ -42,6 +42,15 @@ def main() -> None:
     real = lopd.policy.engine.make_backend
     lopd.policy.engine.make_backend = lambda kind, model, tok, t, top_p: ExpertForSolvable(real(kind, model, tok, t, top_p), tok, p)
 
+    if p.distill.engine == "deepspeed":
+        # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce kernel when a venv first launches it
+        # (75-120 s on 2 cores, again for every new venv: the build hashes the venv's paths). Only tensor-parallel
+        # inference calls it (TorchBackend.inference_all_reduce); ZeRO's training collectives go through
+        # torch.distributed (gloo) either way, so not building it changes no number these tests compare.
+        import importlib
+
+        # by module name: the attribute deepspeed.comm.torch is the torch package (deepspeed.comm re-exports it)
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     out = distill.run(p, resume=args.resume, stop_after=args.stop_after)
     if int(os.environ.get("RANK", 0)) == 0:
         Path(args.out).write_text(json.dumps(out, default=str))
