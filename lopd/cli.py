@@ -63,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
             stage.add_argument("--nproc", type=int, default=1, metavar="N",
                                help="train data-parallel on N processes (needs distill.engine=deepspeed; one GPU each where CUDA is); "
                                     "same as torchrun --nproc_per_node N -m lopd.cli distill ...")
+        if name == "ingest":
+            stage.add_argument("files", nargs="*", metavar="FILE.jsonl",
+                               help="trajectories a deployed agent played (format: docs/operate.md); same as --set ingest.files=[...]")
+        if name == "promote":
+            stage.add_argument("--version", type=int, default=None, metavar="N",
+                               help="move the alias champion to version N by hand (a rollback), without the gate; needs --reason")
+            stage.add_argument("--reason", default=None, help="why the alias moves by hand (recorded on the version and in metrics/promotion.json)")
     return parser
 
 
@@ -78,9 +85,10 @@ def _quiet_libraries() -> None:
 
 
 def stage_overrides(args: argparse.Namespace) -> list[str]:
-    """``--set`` overrides plus what a stage's own flags mean in params (``--method``)."""
-    methods = getattr(args, "method", None)
-    return list(args.overrides) + ([f"distill.methods=[{','.join(methods)}]"] if methods else [])
+    """``--set`` overrides plus what a stage's own flags mean in params (``--method``, ``ingest``'s files)."""
+    methods, files = getattr(args, "method", None), getattr(args, "files", None)
+    return (list(args.overrides) + ([f"distill.methods=[{','.join(methods)}]"] if methods else [])
+            + ([f"ingest.files={json.dumps([os.path.abspath(f) for f in files])}"] if files else []))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
     _quiet_libraries()
+    from lopd.ops.registry import RegistryError
     from lopd.ops.validation import DataValidationError
 
     if args.command == "sweep-report":
@@ -161,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     command = args.command.replace("-", "_")
+    if command == "promote" and (args.version is not None or args.reason is not None):
+        return _manual_promote(args, params)
     stages = STAGES if command == "run" else {command: STAGES[command]}
     try:
         # `lopd run`: one MLflow parent run, every stage's run nested under it
@@ -171,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                 result = fn(params)
                 summary = {k: v for k, v in result.items() if isinstance(v, (int, float, str)) and k != "params"}
                 logging.getLogger("lopd").info("stage %s: done in %.1fs %s", name, time.perf_counter() - t0, json.dumps(summary, default=str))
-    except (ParamsError, DataValidationError, FileNotFoundError) as e:
+    except (ParamsError, DataValidationError, FileNotFoundError, RegistryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1 if not isinstance(e, ParamsError) else 2
     if "evaluate" in stages and os.environ.get("RANK", "0") == "0":  # what a run ends with: the test table
@@ -179,6 +190,22 @@ def main(argv: list[str] | None = None) -> int:
 
         table = layout.metrics_path(params, "evaluate").with_suffix(".md")
         print(f"\n{table.read_text()}\n(test split; {table}; browse every run with `make ui`)")
+    return 0
+
+
+def _manual_promote(args, params) -> int:
+    """``lopd promote --version N --reason "..."``: the alias moves by hand (a rollback), recorded like a gate decision."""
+    from lopd.ops.registry import RegistryError
+    from lopd.stages.promote import manual
+
+    if args.version is None or not (args.reason or "").strip():
+        print("error: lopd promote: --version N and --reason \"...\" go together (the reason is recorded on the version)", file=sys.stderr)
+        return 2
+    try:
+        manual(params, args.version, args.reason)
+    except RegistryError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

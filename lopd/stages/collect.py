@@ -1,7 +1,8 @@
 """Stage `collect`: base-policy rollouts on train tasks → ``data/rollouts/``, successes → ``data/bank/``.
 
 Bank entries are "observation-lite" (spec step 1): the task text plus each action with a short
-result; verbose observations are dropped. Both frames pass their Great Expectations suite
+result; verbose observations are dropped. Collect writes round 0 of ``data/bank``; the rounds
+``lopd ingest`` appended after it are kept. Both frames pass their Great Expectations suite
 before anything is written, and each directory is replaced atomically, so a failed run never
 leaves a partial dataset behind.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -97,9 +99,14 @@ def run(p: Params) -> dict:
         with atomic_path(layout.rollouts_dir(p)) as tmp:
             tmp.mkdir()
             rollouts.to_parquet(tmp / ROLLOUTS_FILE, index=False)
+        kept = [f for f in sorted(layout.bank_dir(p).glob("round-*.parquet")) if f.name != "round-000.parquet"]
         with atomic_path(layout.bank_dir(p)) as tmp:
             tmp.mkdir()
             bank.to_parquet(tmp / "round-000.parquet", index=False)
+            for f in kept:  # rounds `lopd ingest` appended: experience from deployment outlives a re-collect
+                shutil.copy2(f, tmp / f.name)
+        if kept:
+            log.info("collect: kept %d ingested bank round(s) beside the new round 0", len(kept))
 
         full_chars = [len(full_text(tokenizer, t)) for t in trajs if t.success]
         train = train_tasks_by_id(p)  # top-up entries may come from train tasks beyond collect.n_tasks
