@@ -112,3 +112,26 @@ def test_a_version_loaded_by_alias_plays_as_its_directory(gated):
         return [(t.token_ids, t.reward, t.success) for t in trajs]
 
     assert play(*loaded.policy()) == play(*load_policy(root / "first-student"))
+
+
+def test_distill_from_the_champion_starts_from_its_weights(gated, repo):
+    """distill.init=champion: the student starts from the champion's weights (here the broken v2, made champion by
+    hand): its weights, and the dev curve that starts at the champion's success (0: it is broken)."""
+    import torch
+
+    from lopd.policy.modeling import load_policy
+
+    p, first, _, root = gated
+    registry.set_champion(p, 2)
+    from_champion = _params(repo, root, "distill.init=champion", "grpo.lr=1e-12", "distill.steps=1", "distill.eval_every=1")
+    out = distill.run(from_champion)
+    start = out["details"]["grpo"]["curve"][0]
+    assert start["rollouts_cum"] == 0 and start["dev_success"] == 0.0  # the broken champion, not the base (which solves some)
+    student, _ = load_policy(layout.student_dir(p, "grpo"))
+    champion, _ = load_policy(layout.champion_dir(p))
+    base, _ = load_policy(layout.base_model_dir(p))
+    s, c, b = (torch.cat([w.flatten() for w in m.parameters()]) for m in (student, champion, base))
+    assert (s - c).abs().max() < 1e-6 < (s - b).abs().max()
+    assert json.loads((layout.champion_dir(p) / registry.MARKER).read_text())["version"] == 2
+    registry.set_champion(p, 1)
+    assert first["challenger"]["dev_success"] > 0  # the base-trained champion does solve dev tasks
