@@ -35,8 +35,10 @@ MARKER = "registry.json"  # in models/champion: which version the copy is
 _NOT_WEIGHTS = {CARD, MARKER}
 
 
-class RegistryError(ValueError):
-    """The registry lacks what was asked for (a version, the champion); the message says what exists and the fix."""
+class RegistryError(FileNotFoundError):
+    """The registry lacks what was asked for (a version, the champion); the message says what exists and the fix.
+
+    A missing input like a missing file: the CLI reports it in one line, the flow never retries it."""
 
 
 def model_name(p: Params) -> str:
