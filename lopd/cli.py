@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="an ablation sweep over the same seeds or a subset: its --name under this root, or the path to its metrics json (repeatable)")
     report.add_argument("--join", action="append", default=[], metavar="NAME|JSON",
                         help="another sweep of the same methods and params over other seeds (run beside this one), whose seeds join this sweep's (repeatable)")
+    sim = sub.add_parser("deploy-sim", help="a simulated deployment, week by week: the champion plays fresh train tasks, "
+                                            "its trajectories are ingested, a retrain from it meets the gate; metrics/deployment.json")
+    _common(sim)
+    sim.add_argument("--weeks", type=int, default=4, help="simulated weeks after the first champion (default: 4)")
+    sim.add_argument("--tasks-per-week", type=int, default=64, help="fresh train tasks the champion plays each week (default: 64)")
     ui = sub.add_parser("ui", help="print the MLflow UI's links (runs table, newest pipeline run and sweep), then serve the UI over the project store")
     _common(ui)
     ui.add_argument("--host", default="127.0.0.1", help="address to serve on (default: 127.0.0.1)")
@@ -156,6 +161,21 @@ def main(argv: list[str] | None = None) -> int:
             return 2 if isinstance(e, ParamsError) else 1
         print((params.root() / "metrics" / f"{name}.md").read_text(), end="")
         logging.getLogger("lopd").info("sweep: MLflow parent run %s; tables in %s", result["parent_run_id"], params.root() / "metrics")
+        return 0
+
+    if args.command == "deploy-sim":
+        from lopd.experiments import deployment
+
+        try:
+            deployment.check(params, args.weeks, args.tasks_per_week)  # before any compute
+            result = deployment.run(params, args.weeks, args.tasks_per_week)
+        except (ParamsError, DataValidationError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2 if isinstance(e, ParamsError) else 1
+        for w in result["weeks"]:
+            dev = "n/a" if w["dev_success"] is None else f"{w['dev_success']:.3f}"
+            print(f"week {w['week']}: champion v{w['champion_version']} ({w['verdict']}), dev success {dev}, "
+                  f"bank {w['bank_size']}, {w['generations']} generations, {w['wall_s']:.0f} s")
         return 0
 
     if args.command == "export-base":
