@@ -108,8 +108,8 @@ def experience_frame(rows: list[tuple[int, dict]], env, tasks: dict[str, tuple[A
         rec = {"line": line, "task_id": task_id, "messages": row.get("messages"), "verdict": row.get("verdict"),
                "reward": row.get("reward"), "model": row.get("model") or DEPLOYED, "task_split": None, "replay_ok": None,
                "verdict_matches": None, "lite_text_ok": None, "duplicate": None, "replay_error": None, "key": None, "env": None}
-        if isinstance(task_id, str):
-            rec["task_split"] = tasks[task_id][1] if task_id in tasks else "unknown"
+        if task_id is not None:
+            rec["task_split"] = tasks[task_id][1] if isinstance(task_id, str) and task_id in tasks else "unknown"
         if rec["task_split"] in ("train", "dev", "test") and row.get("messages") is not None:
             r = replay(env, tasks[task_id][0], row["messages"])
             rec["replay_ok"], rec["replay_error"] = r["ok"], r.get("error")

@@ -177,11 +177,12 @@ def experience_reasons(df: pd.DataFrame, success_threshold: float) -> dict[Any, 
     row gets the descriptions of the expectations it fails, in suite order. The frame holds
     :data:`EXPERIENCE_COLUMNS` (null where a row lacks the field) and :data:`EXPERIENCE_DERIVED`, which
     the caller computes by replaying the row in the environment (null where it could not). Checks:
-    the fields are present; ``verdict`` is ``success`` or ``failure``; ``reward`` in [0, 1]; success only
+    the fields are present; ``verdict`` is ``success`` or ``failure``; ``reward`` a number in [0, 1]; success only
     where ``reward >= success_threshold``; the task is a known train task (not dev, not test); the
     messages replay in the environment; the environment's verdict and reward are the row's; a given
     ``lite_text`` is the environment's; the trajectory is no duplicate of a bank entry or of an earlier row.
     """
+    import great_expectations as gx
     import great_expectations.expectations as gxe
 
     missing = [c for c in EXPERIENCE_COLUMNS + EXPERIENCE_DERIVED if c not in df.columns]
@@ -190,13 +191,15 @@ def experience_reasons(df: pd.DataFrame, success_threshold: float) -> dict[Any, 
     if len(df) == 0:
         return {}
     reward = pd.to_numeric(df["reward"], errors="coerce")
-    frame = df.assign(reward_num=reward, reward_reaches_threshold=(reward >= success_threshold).astype(int),
+    is_number = df["reward"].map(lambda v: isinstance(v, (int, float, np.number)) and not isinstance(v, (bool, np.bool_)), na_action="ignore")
+    frame = df.assign(reward_num=reward, reward_is_number=is_number, reward_reaches_threshold=(reward >= success_threshold).astype(int),
                       success_int=(df["verdict"] == "success").astype(int))
     frame["messages"] = frame["messages"].astype(object)  # lists: not-null is all that is checked here
     expectations = [
         *(gxe.ExpectColumnValuesToNotBeNull(column=c, description=f"missing field '{c}'") for c in EXPERIENCE_COLUMNS),
         gxe.ExpectColumnValuesToBeInSet(column="verdict", value_set=["success", "failure"], description="verdict must be 'success' or 'failure'"),
-        gxe.ExpectColumnValuesToBeBetween(column="reward_num", min_value=0.0, max_value=1.0, description="reward must be a number in [0, 1]"),
+        gxe.ExpectColumnValuesToBeInSet(column="reward_is_number", value_set=[True], description="reward must be a number"),
+        gxe.ExpectColumnValuesToBeBetween(column="reward_num", min_value=0.0, max_value=1.0, description="reward must be in [0, 1]"),
         gxe.ExpectColumnPairValuesAToBeGreaterThanB(column_A="reward_reaches_threshold", column_B="success_int", or_equal=True,
                                                     description=f"a success needs reward >= {success_threshold}"),
         gxe.ExpectColumnValuesToNotBeInSet(column="task_split", value_set=["dev", "test"], description="a dev or test task never enters the bank"),
@@ -207,8 +210,6 @@ def experience_reasons(df: pd.DataFrame, success_threshold: float) -> dict[Any, 
         gxe.ExpectColumnValuesToBeInSet(column="lite_text_ok", value_set=[True], description="lite_text differs from the environment's"),
         gxe.ExpectColumnValuesToBeInSet(column="duplicate", value_set=[False], description="duplicate of a bank entry or an earlier row"),
     ]
-    import great_expectations as gx
-
     batch = _batch_definition().get_batch(batch_parameters={"dataframe": frame})
     result = batch.validate(gx.ExpectationSuite(name="experience", expectations=expectations), result_format={"result_format": "COMPLETE"})
     reasons: dict[Any, list[str]] = {}

@@ -72,6 +72,8 @@ def test_bad_rows_are_quarantined_with_their_reason_good_ones_banked_and_a_secon
         json.dumps(tampered),                                                     # 9 does not replay
         json.dumps(good_a),                                                       # 10 the same trajectory again
         json.dumps({**_row(env, train[6]), "task_id": "no-such-task"}),           # 11 unknown task
+        json.dumps({**_row(env, train[7]), "reward": "high"}),                   # 12 a reward that is no number
+        json.dumps({**_row(env, train[8]), "task_id": 42}),                       # 13 a task id that is no string
     ]
     path = tmp_path / "week1.jsonl"
     path.write_text("\n".join(lines) + "\n")
@@ -80,7 +82,7 @@ def test_bad_rows_are_quarantined_with_their_reason_good_ones_banked_and_a_secon
     assert main(args) == 0
 
     m = json.loads(layout.metrics_path(p, "ingest").read_text())
-    assert (m["lines"], m["banked"], m["failure"], m["quarantined"], m["already_in_bank"]) == (11, 2, 1, 8, 0)
+    assert (m["lines"], m["banked"], m["failure"], m["quarantined"], m["already_in_bank"]) == (13, 2, 1, 10, 0)
     assert m["round"] == 1 and m["added"] == 2 and m["bank_size"] == len(bank) + 2
     assert m["files"][0]["file"] == "week1.jsonl" and "/" not in json.dumps(m["files"][0]["file"])
     quarantine = [json.loads(x) for x in (tmp_path / m["files"][0]["quarantine"]).read_text().splitlines()]
@@ -94,6 +96,8 @@ def test_bad_rows_are_quarantined_with_their_reason_good_ones_banked_and_a_secon
         9: "the messages do not replay in the environment: message 3: the observation differs from the environment's",
         10: "duplicate of a bank entry or an earlier row",
         11: "unknown task id",
+        12: "reward must be a number",
+        13: "unknown task id",
     }
     assert reasons[8].startswith("malformed JSON") and all(q["row"] == lines[q["line"] - 1] for q in quarantine)
     assert "the environment's verdict or reward on replay differs from the row's" in next(q for q in quarantine if q["line"] == 7)["reasons"]
@@ -108,11 +112,11 @@ def test_bad_rows_are_quarantined_with_their_reason_good_ones_banked_and_a_secon
         assert e["model"] == "deployed-v1"
     assert [(ev, pl["round"], pl["added"]) for ev, pl in events] == [("lopd.bank.grew", 1, 2)]
     report = json.loads(next((layout.ingest_dir(p) / "reports").glob("week1-*.json")).read_text())
-    assert [report["outcomes"][str(n)]["outcome"] for n in (1, 2, 3)] == ["banked", "banked", "failure"] and len(report["outcomes"]) == 11
+    assert [report["outcomes"][str(n)]["outcome"] for n in (1, 2, 3)] == ["banked", "banked", "failure"] and len(report["outcomes"]) == 13
 
     assert main(args) == 0  # the same file again: nothing new
     again = json.loads(layout.metrics_path(p, "ingest").read_text())
-    assert (again["banked"], again["already_in_bank"], again["quarantined"], again["round"], again["added"]) == (0, 2, 8, None, 0)
+    assert (again["banked"], again["already_in_bank"], again["quarantined"], again["round"], again["added"]) == (0, 2, 10, None, 0)
     assert round_numbers(layout.bank_dir(p)) == [0, 1] and len(read_bank(layout.bank_dir(p))) == len(grown) and len(events) == 1
 
 
