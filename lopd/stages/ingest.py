@@ -6,7 +6,8 @@ docs/operate.md) is replayed in the environment, then validated by a Great Expec
 (``lopd.ops.validation.experience_reasons``). Every line ends in exactly one place:
 
 - ``banked``: a valid success, appended to ``data/bank`` as one new round file for this ingest
-  (``lopd.memory.bank.append_round``: atomic, validated by the bank suite, emits ``lopd.bank.grew``);
+  (``lopd.memory.bank.append_round``: atomic, validated by the bank suite, emits ``lopd.bank.grew``),
+  copied to ``data/ingest/rounds`` (``collect`` puts it back when it rewrites the bank);
 - ``already_in_bank``: a valid success ingested before (its id comes from its content);
 - ``failure``: a valid row whose verdict is failure (the bank keeps successes only);
 - ``quarantined``: malformed JSON or any failed expectation, written with its first reason (and
@@ -24,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -34,7 +36,7 @@ import pandas as pd
 from lopd import layout
 from lopd.config import Params, ParamsError
 from lopd.io import atomic_path, write_json
-from lopd.memory.bank import append_round, read_bank, round_numbers
+from lopd.memory.bank import append_round, read_bank, round_numbers, round_path
 from lopd.memory.experience import all_tasks, bank_id, bank_rows, experience_frame, parse_lines
 
 log = logging.getLogger(__name__)
@@ -142,6 +144,9 @@ def run(p: Params) -> dict:
                 new["source_round"] = round_
                 dev_test = {t for t, (_, split) in tasks.items() if split != "train"}
                 added = append_round(bank_dir, new, round_, p.env.success_threshold, forbidden_task_ids=dev_test)
+                keep = layout.ingest_dir(p) / "rounds" / round_path(bank_dir, round_).name  # collect puts it back after a re-collect
+                with atomic_path(keep) as tmp:
+                    shutil.copy2(round_path(bank_dir, round_), tmp)
                 out.update(round=round_, added=len(added), dvc=_dvc_commit(p))
             out["bank_size"] = len(read_bank(bank_dir))
         totals = Counter()

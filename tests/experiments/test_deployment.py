@@ -48,3 +48,13 @@ def test_weeks_of_traffic_ingest_and_gated_retrains_from_the_champion(repo, tmp_
     parent = mlflow.get_run(out["parent_run_id"])
     assert parent.data.tags["pipeline"] == "deployment" and parent.data.metrics["deployment_bank_size"] == weeks[-1]["bank_size"]
     assert "week 2: champion v" in capsys.readouterr().out
+
+    # a re-collect (here after DVC removed the bank, as `dvc repro` does) puts the ingested rounds back
+    import shutil
+
+    from lopd.stages import collect
+
+    rounds = round_numbers(layout.bank_dir(p))
+    shutil.rmtree(layout.bank_dir(p))
+    collect.run(p)
+    assert round_numbers(layout.bank_dir(p)) == rounds

@@ -111,6 +111,9 @@ def test_bad_rows_are_quarantined_with_their_reason_good_ones_banked_and_a_secon
         assert e["lite_text"] == env.lite_text(task.text, ep["actions"], ep["shorts"]) and e["reward"] == ep["reward"] and e["success"]
         assert e["model"] == "deployed-v1"
     assert [(ev, pl["round"], pl["added"]) for ev, pl in events] == [("lopd.bank.grew", 1, 2)]
+    kept = layout.ingest_dir(p) / "rounds" / "round-001.parquet"  # what collect puts back after a re-collect
+    assert kept.read_bytes() == (layout.bank_dir(p) / "round-001.parquet").read_bytes()
+    assert m["dvc"] == "not tracked: no dvc.lock entry for data/bank here"
     report = json.loads(next((layout.ingest_dir(p) / "reports").glob("week1-*.json")).read_text())
     assert [report["outcomes"][str(n)]["outcome"] for n in (1, 2, 3)] == ["banked", "banked", "failure"] and len(report["outcomes"]) == 13
 
