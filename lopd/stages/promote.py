@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from typing import Sequence
 
 from lopd import layout
-from lopd.config import Params
+from lopd.config import Params, ParamsError
 from lopd.io import read_json, write_json
 from lopd.ops import registry
 from lopd.ops.gate import decide
@@ -157,8 +157,8 @@ def run(p: Params) -> dict:
         raise FileNotFoundError(f"promote: no trained student for {', '.join(missing) or 'any method'}: run `lopd distill` "
                                 "(distill.methods names the methods to register)")
     if p.registry.challenger != "best" and p.registry.challenger not in methods:
-        raise FileNotFoundError(f"promote: registry.challenger = {p.registry.challenger} was not trained in this run "
-                                f"(distill.methods = {p.distill.methods}): train it or set registry.challenger=best")
+        raise ParamsError(f"params: registry.challenger = {p.registry.challenger} is not trained in this run "
+                          f"(distill.methods = {p.distill.methods}): add it there or set registry.challenger=best")
     distill, evaluate = _read(p, "distill").get("details", {}), _read(p, "evaluate")
     tasks = split_tasks(p, "dev", p.registry.dev_tasks)
     groups = environment(p).group_of(tasks)

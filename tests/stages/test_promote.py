@@ -135,3 +135,11 @@ def test_distill_from_the_champion_starts_from_its_weights(gated, repo):
     assert json.loads((layout.champion_dir(p) / registry.MARKER).read_text())["version"] == 2
     registry.set_champion(p, 1)
     assert first["challenger"]["dev_success"] > 0  # the base-trained champion does solve dev tasks
+
+
+def test_a_challenger_method_not_trained_fails_before_any_rollout(gated, repo):
+    from lopd.config import ParamsError
+
+    _, _, _, root = gated
+    with pytest.raises(ParamsError, match="registry.challenger = lopd is not trained in this run"):
+        promote.run(_params(repo, root, "registry.challenger=lopd"))
