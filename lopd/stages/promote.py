@@ -4,13 +4,14 @@
    logged to MLflow as a pyfunc model (``lopd.policy.served``) and registered as a version of
    ``registry.model_name`` (``lopd.ops.registry``), tagged with its lineage (:func:`lineage`) and a
    model card. A checkpoint registered before is not logged again.
-2. **Measure on dev.** Each student plays the first ``registry.dev_tasks`` dev tasks once, with
-   the gate's seed; never a test task.
-3. **Decide.** The challenger is ``registry.challenger`` (``best``: this run's best student on those
-   tasks). With no champion yet, it becomes the first. Otherwise the champion plays the same tasks
-   with the same seed and ``lopd.ops.gate.decide`` compares them (McNemar, paired): the alias moves
-   only when the gain's interval clears ``registry.min_gain`` and no app group falls by more than
-   ``registry.max_regression``.
+2. **Choose.** The challenger is ``registry.challenger`` (``best``: this run's best student on
+   distill's last dev evaluation, the same dev tasks and seed for every method; those figures are
+   the versions' ``dev_*`` tags).
+3. **Decide.** The challenger plays the first ``registry.dev_tasks`` dev tasks once, with the gate's
+   seed (never a test task). With no champion yet, it becomes the first. Otherwise the champion plays
+   the same tasks with the same seed and ``lopd.ops.gate.decide`` compares them (McNemar, paired): the
+   alias moves only when the gain's interval clears ``registry.min_gain`` and no app group falls by
+   more than ``registry.max_regression``.
 4. **Record.** The decision goes on the challenger's version (``gate.*`` tags and its description),
    into ``metrics/promotion.json`` (the latest decision and the history) and the stage's MLflow run,
    and is printed.
@@ -63,6 +64,18 @@ def dev_figures(p: Params, outcomes: dict[str, bool], groups: dict[str, str]) ->
     return out
 
 
+def distill_figures(p: Params, record: dict | None) -> dict | None:
+    """A student's dev figures from distill's last dev evaluation (the same ``distill.eval_dev_tasks`` dev tasks and
+    seed for every method), with a Wilson interval at ``evaluate.ci``; None when distill recorded none."""
+    if not record or record.get("final_dev_success") is None:
+        return None
+    n = min(p.distill.eval_dev_tasks, p.env.n_dev)
+    wins = round(record["final_dev_success"] * n)
+    return {"dev_success": record["final_dev_success"], "dev_success_ci": list(wilson_interval(wins, n, p.evaluate.ci)), "dev_tasks": n,
+            "dev_success_pretrain": record.get("final_dev_success_pretrain"), "dev_success_new": record.get("final_dev_success_new"),
+            "dev_source": "distill"}
+
+
 def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.4f}"
@@ -88,8 +101,6 @@ def lineage(p: Params, method: str, dev: dict, distill: dict, evaluate: dict, ru
         marker = layout.champion_dir(p) / registry.MARKER
         tags["init_version"] = read_json(marker)["version"] if marker.exists() else "unknown"
     tags.update({k: v for k, v in dev.items() if v is not None})
-    if distill.get("final_dev_success") is not None:
-        tags["distill_final_dev_success"] = distill["final_dev_success"]
     test = evaluate.get(method)
     if test:
         tags.update(test_success=test["success_rate"], test_success_ci=test["success_ci"], test_mean_reward=test["mean_reward"],
@@ -104,7 +115,8 @@ def model_card(p: Params, method: str, tags: dict[str, str]) -> str:
             f"A Qwen3-architecture policy post-trained by the LOPD pipeline ({method}) on `{p.env.name}`, from "
             f"{'the registered champion' if p.distill.init == 'champion' else 'the base policy'}. A plain Hugging Face "
             "checkpoint (`AutoModelForCausalLM`, its tokenizer and chat template); it plays without retrieval or latents.\n\n"
-            "Dev figures come from the promotion gate's dev tasks (one sample each); test figures from `lopd evaluate`.\n\n"
+            "Dev figures (`dev_*`) come from distill's last dev evaluation (one sample per task); the gate's own in `gate.*`; "
+            "test figures from `lopd evaluate`.\n\n"
             f"| lineage | value |\n|---|---|\n{rows}\n")
 
 
@@ -165,17 +177,21 @@ def run(p: Params) -> dict:
     with stage_run(p, "promote") as run_:
         outcomes, figures, versions = {}, {}, {}
         for m in methods:
-            outcomes[m] = dev_outcomes(p, paths[m], tasks)
-            figures[m] = dev_figures(p, outcomes[m], groups)
+            figures[m] = distill_figures(p, distill.get(m))
+            if figures[m] is None:  # no dev record from distill: measure it on the gate's tasks
+                outcomes[m] = dev_outcomes(p, paths[m], tasks)
+                figures[m] = {**dev_figures(p, outcomes[m], groups), "dev_source": "gate"}
             tags = lineage(p, m, figures[m], distill.get(m, {}), evaluate, run_.info.run_id)
             versions[m] = registry.register(p, paths[m], PolicyModel(), artifact_name=f"student-{m}", card=model_card(p, m, tags),
                                             tags=tags, description=f"{m} student of run {tags['training_run_id']} ({p.env.name}, seed {p.seed})",
                                             signature=signature()).version
             log.info("promote: %s is %s v%s, dev success %.3f", m, registry.model_name(p), versions[m], figures[m]["dev_success"])
         name = p.registry.challenger
-        if name == "best":
+        if name == "best":  # on the dev evaluation every student had (distill's, same tasks and seed for all)
             name = max(methods, key=lambda m: (figures[m]["dev_success"], -methods.index(m)))
-        challenger = {"method": name, "version": int(versions[name]), **figures[name]}
+        if name not in outcomes:
+            outcomes[name] = dev_outcomes(p, paths[name], tasks)
+        challenger = {"method": name, "version": int(versions[name]), **dev_figures(p, outcomes[name], groups)}  # the gate's tasks
         champ = registry.champion(p)
         base = {"at": _now(), "challenger": challenger, "candidates": {m: {"version": int(versions[m]), **figures[m]} for m in methods},
                 "champion_before": int(champ.version) if champ else None}
@@ -183,7 +199,7 @@ def run(p: Params) -> dict:
             registry.set_champion(p, challenger["version"])
             decision = {**base, "verdict": "first_champion", "promoted": True, "champion_after": challenger["version"],
                         "reason": f"no champion yet: the best student on dev ({name}, dev success {challenger['dev_success']:.3f} "
-                                  f"on {challenger['dev_tasks']} tasks) becomes the first", "figures": None}
+                                  f"on the gate's {challenger['dev_tasks']} tasks) becomes the first", "figures": None}
         elif int(champ.version) == challenger["version"]:
             decision = {**base, "verdict": "already_champion", "promoted": False, "champion_after": challenger["version"], "figures": None,
                         "reason": f"the challenger is the champion's own checkpoint (v{champ.version}): nothing to decide"}
