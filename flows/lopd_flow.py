@@ -46,6 +46,11 @@ def _students(p: Params) -> list[Path]:
     return [layout.student_dir(p, m) for m in p.distill.methods if m != "vanilla"]
 
 
+def _champion(p: Params) -> list[Path]:
+    """The champion's local copy, which ``distill.init: champion`` trains from (the promote stage keeps it current)."""
+    return [layout.champion_dir(p)] if p.distill.init == "champion" else []
+
+
 def _metrics(stage: str) -> Callable[[Params], list[Path]]:
     return lambda p: [layout.metrics_path(p, stage)]
 
@@ -56,14 +61,16 @@ STAGE_IO: dict[str, StageIO] = {
                          lambda p: _metrics("bootstrap")(p) + ([] if p.model.path else [layout.base_model_dir(p)])),
     "collect": StageIO(lambda p: [layout.policy_path(p)],
                        lambda p: [layout.rollouts_dir(p), layout.bank_dir(p), *_metrics("collect")(p)]),
+    "ingest": StageIO(lambda p: [*map(Path, p.ingest.files), layout.bank_dir(p)], _metrics("ingest")),
     "index": StageIO(lambda p: [layout.bank_dir(p)], lambda p: [layout.index_dir(p), *_metrics("index")(p)]),
     "privilege": StageIO(lambda p: [layout.policy_path(p), layout.bank_dir(p), layout.index_dir(p)], _metrics("privilege")),
-    "cold_start": StageIO(lambda p: [layout.policy_path(p), layout.bank_dir(p), layout.index_dir(p)],
+    "cold_start": StageIO(lambda p: [layout.policy_path(p), *_champion(p), layout.bank_dir(p), layout.index_dir(p)],
                           lambda p: [layout.composer_dir(p), *_metrics("cold_start")(p)]),
-    "distill": StageIO(lambda p: [layout.policy_path(p), layout.composer_dir(p), layout.bank_dir(p), layout.index_dir(p)],
+    "distill": StageIO(lambda p: [layout.policy_path(p), *_champion(p), layout.composer_dir(p), layout.bank_dir(p), layout.index_dir(p)],
                        lambda p: [*_students(p), *_metrics("distill")(p)]),
     "evaluate": StageIO(lambda p: [layout.policy_path(p), *_students(p)],
                         lambda p: [*_metrics("evaluate")(p), layout.metrics_path(p, "evaluate").with_suffix(".md")]),
+    "promote": StageIO(lambda p: [*_students(p), *_metrics("evaluate")(p)], _metrics("promotion")),
 }
 
 
@@ -165,7 +172,7 @@ bootstrap, collect, index = STAGE_TASKS["bootstrap"], STAGE_TASKS["collect"], ST
 
 @flow(name="lopd", log_prints=True)
 def lopd_flow(params_path: str = "params.yaml", profile: str = DEFAULT_PROFILE, overrides: list[str] | None = None) -> dict:
-    """Every registered stage in order: bootstrap → collect → index → privilege → cold_start → distill → evaluate.
+    """Every registered stage in order: bootstrap → collect → ingest → index → privilege → cold_start → distill → evaluate → promote.
 
     Bootstrap adopts ``model.path`` when it is set (a real checkpoint: nothing is trained)."""
     p = load_params(params_path, None if profile in ("", "none") else profile, overrides or [])

@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="an ablation sweep over the same seeds or a subset: its --name under this root, or the path to its metrics json (repeatable)")
     report.add_argument("--join", action="append", default=[], metavar="NAME|JSON",
                         help="another sweep of the same methods and params over other seeds (run beside this one), whose seeds join this sweep's (repeatable)")
+    sim = sub.add_parser("deploy-sim", help="a simulated deployment, week by week: the champion plays fresh train tasks, "
+                                            "its trajectories are ingested, a retrain from it meets the gate; metrics/deployment.json")
+    _common(sim)
+    sim.add_argument("--weeks", type=int, default=4, help="simulated weeks after the first champion (default: 4)")
+    sim.add_argument("--tasks-per-week", type=int, default=64, help="fresh train tasks the champion plays each week (default: 64)")
     ui = sub.add_parser("ui", help="print the MLflow UI's links (runs table, newest pipeline run and sweep), then serve the UI over the project store")
     _common(ui)
     ui.add_argument("--host", default="127.0.0.1", help="address to serve on (default: 127.0.0.1)")
@@ -63,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
             stage.add_argument("--nproc", type=int, default=1, metavar="N",
                                help="train data-parallel on N processes (needs distill.engine=deepspeed; one GPU each where CUDA is); "
                                     "same as torchrun --nproc_per_node N -m lopd.cli distill ...")
+        if name == "ingest":
+            stage.add_argument("files", nargs="*", metavar="FILE.jsonl",
+                               help="trajectories a deployed agent played (format: docs/operate.md); same as --set ingest.files=[...]")
+        if name == "promote":
+            stage.add_argument("--version", type=int, default=None, metavar="N",
+                               help="move the alias champion to version N by hand (a rollback), without the gate; needs --reason")
+            stage.add_argument("--reason", default=None, help="why the alias moves by hand (recorded on the version and in metrics/promotion.json)")
     return parser
 
 
@@ -78,9 +90,10 @@ def _quiet_libraries() -> None:
 
 
 def stage_overrides(args: argparse.Namespace) -> list[str]:
-    """``--set`` overrides plus what a stage's own flags mean in params (``--method``)."""
-    methods = getattr(args, "method", None)
-    return list(args.overrides) + ([f"distill.methods=[{','.join(methods)}]"] if methods else [])
+    """``--set`` overrides plus what a stage's own flags mean in params (``--method``, ``ingest``'s files)."""
+    methods, files = getattr(args, "method", None), getattr(args, "files", None)
+    return (list(args.overrides) + ([f"distill.methods=[{','.join(methods)}]"] if methods else [])
+            + ([f"ingest.files={json.dumps([os.path.abspath(f) for f in files])}"] if files else []))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
     _quiet_libraries()
+    from lopd.ops.registry import RegistryError
     from lopd.ops.validation import DataValidationError
 
     if args.command == "sweep-report":
@@ -149,6 +163,21 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("lopd").info("sweep: MLflow parent run %s; tables in %s", result["parent_run_id"], params.root() / "metrics")
         return 0
 
+    if args.command == "deploy-sim":
+        from lopd.experiments import deployment
+
+        try:
+            deployment.check(params, args.weeks, args.tasks_per_week)  # before any compute
+            result = deployment.run(params, args.weeks, args.tasks_per_week)
+        except (ParamsError, DataValidationError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2 if isinstance(e, ParamsError) else 1
+        for w in result["weeks"]:
+            dev = "n/a" if w["dev_success"] is None else f"{w['dev_success']:.3f}"
+            print(f"week {w['week']}: champion v{w['champion_version']} ({w['verdict']}), dev success {dev}, "
+                  f"bank {w['bank_size']}, {w['generations']} generations, {w['wall_s']:.0f} s")
+        return 0
+
     if args.command == "export-base":
         from lopd.stages.bootstrap import export_base
 
@@ -161,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     command = args.command.replace("-", "_")
+    if command == "promote" and (args.version is not None or args.reason is not None):
+        return _manual_promote(args, params)
     stages = STAGES if command == "run" else {command: STAGES[command]}
     try:
         # `lopd run`: one MLflow parent run, every stage's run nested under it
@@ -171,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                 result = fn(params)
                 summary = {k: v for k, v in result.items() if isinstance(v, (int, float, str)) and k != "params"}
                 logging.getLogger("lopd").info("stage %s: done in %.1fs %s", name, time.perf_counter() - t0, json.dumps(summary, default=str))
-    except (ParamsError, DataValidationError, FileNotFoundError) as e:
+    except (ParamsError, DataValidationError, FileNotFoundError, RegistryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1 if not isinstance(e, ParamsError) else 2
     if "evaluate" in stages and os.environ.get("RANK", "0") == "0":  # what a run ends with: the test table
@@ -179,6 +210,22 @@ def main(argv: list[str] | None = None) -> int:
 
         table = layout.metrics_path(params, "evaluate").with_suffix(".md")
         print(f"\n{table.read_text()}\n(test split; {table}; browse every run with `make ui`)")
+    return 0
+
+
+def _manual_promote(args, params) -> int:
+    """``lopd promote --version N --reason "..."``: the alias moves by hand (a rollback), recorded like a gate decision."""
+    from lopd.ops.registry import RegistryError
+    from lopd.stages.promote import manual
+
+    if args.version is None or not (args.reason or "").strip():
+        print("error: lopd promote: --version N and --reason \"...\" go together (the reason is recorded on the version)", file=sys.stderr)
+        return 2
+    try:
+        manual(params, args.version, args.reason)
+    except RegistryError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

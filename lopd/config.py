@@ -215,6 +215,7 @@ class DistillParams(_Section):
     resume: bool = Field(False, description="Continue each method from its last checkpoint instead of starting over")
     engine: Literal["single", "deepspeed"] = Field("single", description="Optimiser step: single (torch Adam, one process) or deepspeed (ZeRO data parallel; launch with lopd distill --nproc N, torchrun or deepspeed)")
     zero_config: str = Field("infra/deepspeed/zero2.json", description="DeepSpeed config of distill.engine=deepspeed ('auto' fields take lr, clip and batch sizes from params); zero3.json also shards parameters")
+    init: Literal["base", "champion"] = Field("base", description="Where training starts: base = the base policy; champion = the registered champion (its weights start every student and are LOPD's and OPSD's frozen teacher)")
 
 
 class GRPOParams(_Section):
@@ -247,6 +248,29 @@ class EvaluateParams(_Section):
             raise ValueError(f"evaluate.benchmarks = {v} is invalid: list any of {allowed}, each once, "
                              "e.g. [toolworld, bfcl_multi_turn_base] (env.name's own test split is always evaluated)")
         return v
+
+
+class RegistryParams(_Section):
+    """The MLflow model registry and the promotion gate (``lopd promote``, ``lopd.ops.registry``, ``lopd.ops.gate``)."""
+
+    model_name: str | None = Field(None, description="Registered model every trained student becomes a version of; null = lopd-<env.name>")
+    challenger: Literal["best", "lopd", "opsd", "grpo", "sft"] = Field("best", description="Student the gate compares with the champion: best = this run's best on the gate's dev tasks, or one method")
+    dev_tasks: int = Field(200, ge=1, description="Dev tasks (one sample each, the same seed for both) on which the challenger and the champion are compared; never test")
+    min_gain: float = Field(0.0, ge=-1.0, lt=1.0, description="Promote only if the interval's lower end on dev success (challenger - champion) is above this")
+    max_regression: float = Field(0.05, ge=0.0, le=1.0, description="Promote only if no app group's dev success falls by more than this (challenger - champion)")
+    ci: float = Field(0.9, gt=0.0, lt=1.0, description="Two-sided confidence of the gate's interval on the difference (0.9 = a one-sided 95 % test of the gain)")
+
+    @field_validator("model_name")
+    @classmethod
+    def _model_name(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", v):
+            raise ValueError(f"registry.model_name = {v!r} is invalid: use letters, digits, '.', '_' or '-' (e.g. lopd-toolworld), "
+                             "or null for lopd-<env.name>")
+        return v
+
+
+class IngestParams(_Section):
+    files: list[str] = Field([], description="JSONL files of trajectories a deployed agent played, to validate and append to the bank (`lopd ingest FILE` sets it); [] = nothing to ingest")
 
 
 class TrackingParams(_Section):
@@ -309,6 +333,8 @@ class Params(_Section):
     distill: DistillParams = DistillParams()
     grpo: GRPOParams = GRPOParams()
     evaluate: EvaluateParams = EvaluateParams()
+    registry: RegistryParams = RegistryParams()
+    ingest: IngestParams = IngestParams()
     tracking: TrackingParams = TrackingParams()
     paths: PathsParams = PathsParams()
     schedule: ScheduleParams = ScheduleParams()

@@ -29,6 +29,22 @@ def policy_path(p: Params) -> Path:
     return base_model_dir(p)
 
 
+def champion_dir(p: Params) -> Path:
+    """The registered champion's checkpoint, copied from the MLflow registry (``lopd.ops.registry.fetch_champion``)."""
+    return models_dir(p) / "champion"
+
+
+def init_path(p: Params) -> Path:
+    """Where training starts (``distill.init``): the base policy, or the champion's local copy."""
+    if p.distill.init == "champion":
+        path = champion_dir(p)
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"distill.init = champion, but there is no champion checkpoint at {path}: "
+                                    "register one with `lopd promote` after a run with distill.init=base")
+        return path
+    return policy_path(p)
+
+
 def data_dir(p: Params) -> Path:
     return p.root() / "data"
 
@@ -50,6 +66,11 @@ def embed_cache_dir(p: Params) -> Path:
     """Embeddings keyed by content hash; outside ``data/index`` because DVC deletes a stage's
     outputs before re-running it, and the cache must survive that to make re-indexing cheap."""
     return p.root() / ".cache" / "embeddings"
+
+
+def ingest_dir(p: Params) -> Path:
+    """What ``lopd ingest`` keeps beside the bank: one report per ingested file, its quarantined rows."""
+    return data_dir(p) / "ingest"
 
 
 def metrics_path(p: Params, stage: str) -> Path:

@@ -214,7 +214,7 @@ def test_dvc_repro_smoke_then_nothing_then_only_distill_and_evaluate(repo, tmp_p
     r = _dvc(clone, "repro", mlflow_uri=uri)
     assert r.returncode == 0 and "Data and pipelines are up to date." in r.stdout and _ran(r.stdout) == []
 
-    # 3. one distillation param: only distill is out of date; the experiment re-runs distill and evaluate
+    # 3. one distillation param: only distill is out of date; the experiment re-runs distill, evaluate and the gate
     params = (clone / "params.yaml").read_text()
     params, n = re.subn(r"^(  margin:) 0\.05\b", r"\1 0.1", params, flags=re.M)
     assert n == 1
@@ -224,10 +224,10 @@ def test_dvc_repro_smoke_then_nothing_then_only_distill_and_evaluate(repo, tmp_p
     # --temp runs in a copy under .dvc/tmp/exps; no MLFLOW_TRACKING_URI: the default store must be the clone's
     r = _dvc(clone, "exp", "run", "--temp", "-n", "margin-0.1")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert _ran(r.stdout) == ["distill", "evaluate"]
-    for name in ("bootstrap", "collect", "index", "cold_start"):
+    assert _ran(r.stdout) == ["distill", "evaluate", "promote"]
+    for name in ("bootstrap", "collect", "ingest", "index", "cold_start"):
         assert re.search(rf"Stage '{name}' (is cached|didn't change)", r.stdout), r.stdout[-2000:]
     exp_runs = _runs(f"sqlite:///{clone / 'mlruns' / 'mlflow.db'}")
-    assert {r.data.tags["stage"] for r in exp_runs} == {"distill", "evaluate"}
+    assert {r.data.tags["stage"] for r in exp_runs} == {"distill", "evaluate", "promote"}
     assert all(r.data.params["distill.margin"] == "0.1" and r.data.tags["dvc_exp_name"] == "margin-0.1" for r in exp_runs)
     assert all(r.info.artifact_uri.startswith((clone / "mlruns").as_uri()) for r in exp_runs)

@@ -29,7 +29,7 @@ from lopd.config import Params, ParamsError, load_params
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-STAGES = ["bootstrap", "collect", "index", "privilege", "cold_start", "distill", "evaluate"]
+STAGES = ["bootstrap", "collect", "ingest", "index", "privilege", "cold_start", "distill", "evaluate", "promote"]
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from great_expectations.core.batch_definition import BatchDefinition
     from great_expectations.expectations import Expectation
 
-__all__ = ["DataValidationError", "validate_bank", "validate_rollouts"]
+__all__ = ["DataValidationError", "experience_reasons", "validate_bank", "validate_rollouts"]
 
 ROLLOUT_COLUMNS = (
     "rollout_id",
@@ -39,6 +39,9 @@ ROLLOUT_COLUMNS = (
     "n_tokens",
 )
 BANK_COLUMNS = ("bank_id", "task_id", "family", "app", "task_text", "lite_text", "reward", "success")
+# A deployed trajectory as `lopd ingest` reads it (docs/operate.md), and what the ingest derives beside it.
+EXPERIENCE_COLUMNS = ("task_id", "messages", "verdict", "reward")
+EXPERIENCE_DERIVED = ("task_split", "replay_ok", "verdict_matches", "lite_text_ok", "duplicate")
 
 # How many failing values each message line shows. GX's BASIC result format (values, not row
 # labels) is used: SUMMARY adds row labels but costs ~50 ms more per call.
@@ -165,6 +168,60 @@ def validate_bank(
             ),
         ]
     _run_suite(suite, frame, expectations)
+
+
+def experience_reasons(df: pd.DataFrame, success_threshold: float) -> dict[Any, list[str]]:
+    """Validate deployed trajectories row by row; return ``{row label: [reasons]}`` for the rows that fail.
+
+    Unlike the other gates this one does not raise: every row is kept, valid or not, and each failing
+    row gets the descriptions of the expectations it fails, in suite order. The frame holds
+    :data:`EXPERIENCE_COLUMNS` (null where a row lacks the field) and :data:`EXPERIENCE_DERIVED`, which
+    the caller computes by replaying the row in the environment (null where it could not). Checks:
+    the fields are present; ``verdict`` is ``success`` or ``failure``; ``reward`` a number in [0, 1]; success only
+    where ``reward >= success_threshold``; the task is a known train task (not dev, not test); the
+    messages replay in the environment; the environment's verdict and reward are the row's; a given
+    ``lite_text`` is the environment's; the trajectory is no duplicate of a bank entry or of an earlier row.
+    """
+    import great_expectations as gx
+    import great_expectations.expectations as gxe
+
+    missing = [c for c in EXPERIENCE_COLUMNS + EXPERIENCE_DERIVED if c not in df.columns]
+    if missing:
+        raise ValueError(f"experience frame lacks columns {missing}")
+    if len(df) == 0:
+        return {}
+    reward = pd.to_numeric(df["reward"], errors="coerce")
+    is_number = df["reward"].map(lambda v: isinstance(v, (int, float, np.number)) and not isinstance(v, (bool, np.bool_)), na_action="ignore")
+    frame = df.assign(reward_num=reward, reward_is_number=is_number, reward_reaches_threshold=(reward >= success_threshold).astype(int),
+                      success_int=(df["verdict"] == "success").astype(int))
+    frame["messages"] = frame["messages"].astype(object)  # lists: not-null is all that is checked here
+    expectations = [
+        *(gxe.ExpectColumnValuesToNotBeNull(column=c, description=f"missing field '{c}'") for c in EXPERIENCE_COLUMNS),
+        gxe.ExpectColumnValuesToBeInSet(column="verdict", value_set=["success", "failure"], description="verdict must be 'success' or 'failure'"),
+        gxe.ExpectColumnValuesToBeInSet(column="reward_is_number", value_set=[True], description="reward must be a number"),
+        gxe.ExpectColumnValuesToBeBetween(column="reward_num", min_value=0.0, max_value=1.0, description="reward must be in [0, 1]"),
+        gxe.ExpectColumnPairValuesAToBeGreaterThanB(column_A="reward_reaches_threshold", column_B="success_int", or_equal=True,
+                                                    description=f"a success needs reward >= {success_threshold}"),
+        gxe.ExpectColumnValuesToNotBeInSet(column="task_split", value_set=["dev", "test"], description="a dev or test task never enters the bank"),
+        gxe.ExpectColumnValuesToNotBeInSet(column="task_split", value_set=["unknown"], description="unknown task id"),
+        gxe.ExpectColumnValuesToBeInSet(column="replay_ok", value_set=[True], description="the messages do not replay in the environment"),
+        gxe.ExpectColumnValuesToBeInSet(column="verdict_matches", value_set=[True],
+                                        description="the environment's verdict or reward on replay differs from the row's"),
+        gxe.ExpectColumnValuesToBeInSet(column="lite_text_ok", value_set=[True], description="lite_text differs from the environment's"),
+        gxe.ExpectColumnValuesToBeInSet(column="duplicate", value_set=[False], description="duplicate of a bank entry or an earlier row"),
+    ]
+    batch = _batch_definition().get_batch(batch_parameters={"dataframe": frame})
+    result = batch.validate(gx.ExpectationSuite(name="experience", expectations=expectations), result_format={"result_format": "COMPLETE"})
+    reasons: dict[Any, list[str]] = {}
+    by_description = {e.description: i for i, e in enumerate(expectations)}
+    for outcome in sorted(result.results, key=lambda r: by_description.get(r.expectation_config.description, 0)):
+        if outcome.success:
+            continue
+        error = _exception_message(outcome.exception_info)
+        rows = frame.index if error is not None else outcome.result.get("unexpected_index_list") or []
+        for label in rows:
+            reasons.setdefault(label, []).append(outcome.expectation_config.description + (f" ({error})" if error else ""))
+    return reasons
 
 
 def _check_shape(suite: str, df: pd.DataFrame, required: Sequence[str]) -> None:

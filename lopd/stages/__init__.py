@@ -26,11 +26,13 @@ def _stage(module: str) -> Callable[[Params], dict]:
 STAGES: dict[str, Callable[[Params], dict]] = {
     "bootstrap": _stage("bootstrap"),
     "collect": _stage("collect"),
+    "ingest": _stage("ingest"),  # deployed trajectories (ingest.files) validated into a new bank round; none by default
     "index": _stage("index"),
     "privilege": _stage("privilege"),  # text experiences vs none, before any latent is trained
     "cold_start": _stage("cold_start"),
     "distill": _stage("distill"),  # lopd needs cold start's models/composer
     "evaluate": _stage("evaluate"),
+    "promote": _stage("promote"),  # register every student; the gate moves the alias `champion` (dev only)
 }
 
 

@@ -11,7 +11,9 @@ prompt. ``cold_start.objective`` says what it is trained towards:
 - ``mix``: ``nll`` on the successes among those rollouts + ``kl_weight`` × ``text_kl``.
 
 Only the encoder LoRA and the resampler learn. The result, φ₀, is saved to ``models/composer/``
-and is the anchor of the distillation Lagrangian.
+and is the anchor of the distillation Lagrangian. With ``distill.init: champion`` "the base" above
+is the registered champion (``models/champion``): the composer is refitted to the backbone the
+frozen teacher then is, not reused from the base's.
 
 Then it is measured on dev (never train): the teacher as a policy (success with no context,
 with the experiences as text, with their latents; ``lopd.latent.teacher_rollout``); the NLL of
@@ -310,7 +312,11 @@ def run(p: Params) -> dict:
     from lopd.policy.modeling import load_policy
 
     t0 = time.perf_counter()
-    path = layout.policy_path(p)
+    if p.distill.init == "champion":  # the composer is fitted to the backbone it will read: the champion's
+        from lopd.ops.registry import fetch_champion
+
+        fetch_champion(p)
+    path = layout.init_path(p)
     bank = read_bank(layout.bank_dir(p))
     if len(bank) < p.bank.min_size:
         raise BankError(
@@ -321,7 +327,7 @@ def run(p: Params) -> dict:
     retriever = open_retriever(p)
     with stage_run(p, "cold_start"):
         backbone, tokenizer = load_policy(path, p.model.dtype)
-        student, _ = load_policy(path, p.model.dtype)  # the untouched base: rollouts and the no-latent NLL
+        student, _ = load_policy(path, p.model.dtype)  # the untouched starting policy (distill.init): rollouts and the no-latent NLL
         composer = Composer.build(backbone, tokenizer, p.composer, seed=p.seed)
         targets = train_targets(p, tokenizer, bank)
         log.info("cold start (%s): %d bank entries, %d targets, n_ret=%d, K=%d", p.cold_start.objective, len(bank), len(targets),

@@ -1,15 +1,17 @@
 """Stage `collect`: base-policy rollouts on train tasks → ``data/rollouts/``, successes → ``data/bank/``.
 
 Bank entries are "observation-lite" (spec step 1): the task text plus each action with a short
-result; verbose observations are dropped. Both frames pass their Great Expectations suite
-before anything is written, and each directory is replaced atomically, so a failed run never
-leaves a partial dataset behind.
+result; verbose observations are dropped. Collect writes round 0 of ``data/bank``; the rounds
+``lopd ingest`` appended after it are kept (from ``data/ingest/rounds`` when DVC removed the bank
+first). Both frames pass their Great Expectations suite before anything is written, and each
+directory is replaced atomically, so a failed run never leaves a partial dataset behind.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -97,9 +99,17 @@ def run(p: Params) -> dict:
         with atomic_path(layout.rollouts_dir(p)) as tmp:
             tmp.mkdir()
             rollouts.to_parquet(tmp / ROLLOUTS_FILE, index=False)
+        # rounds `lopd ingest` appended (in the bank, or its own copies when DVC removed the bank before this
+        # stage): experience from deployment outlives a re-collect
+        kept = {f.name: f for d in (layout.ingest_dir(p) / "rounds", layout.bank_dir(p)) for f in sorted(d.glob("round-*.parquet"))
+                if f.name != "round-000.parquet"}
         with atomic_path(layout.bank_dir(p)) as tmp:
             tmp.mkdir()
             bank.to_parquet(tmp / "round-000.parquet", index=False)
+            for name, f in kept.items():
+                shutil.copy2(f, tmp / name)
+        if kept:
+            log.info("collect: kept %d ingested bank round(s) beside the new round 0", len(kept))
 
         full_chars = [len(full_text(tokenizer, t)) for t in trajs if t.success]
         train = train_tasks_by_id(p)  # top-up entries may come from train tasks beyond collect.n_tasks

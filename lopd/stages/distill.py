@@ -151,7 +151,11 @@ def _check_inputs(p: Params, methods: Sequence[str]) -> None:
     """Every input the methods need exists, before any model loads."""
     from lopd.memory.retrieval import INDEX_FILE
 
-    base = layout.policy_path(p)
+    if p.distill.init == "champion":
+        from lopd.ops.registry import fetch_champion
+
+        fetch_champion(p)  # models/champion = the version holding the alias now (downloaded when it moved)
+    base = layout.init_path(p)
     if not (base / "config.json").exists():
         raise FileNotFoundError(f"distill: no base policy at {base}: run `lopd bootstrap` (or set model.path)")
     if "lopd" in methods and not (layout.composer_dir(p) / "composer.json").exists():
@@ -213,12 +217,13 @@ def run(p: Params, methods: Sequence[str] | None = None, resume: bool | None = N
     results: dict[str, dict] = {}
     for method in methods:
         tracked = stage_run(p, "distill", run_name=f"distill-{method}-seed{p.seed}", method=method) if dp.is_main else contextlib.nullcontext()
-        with tracked:
+        with tracked as run_:
             summary = train_method(p, method, resume=resume, stop_after=stop_after, dp=dp)
             if summary is None:
                 return {"stopped_after": stop_after, "method": method}
             if dp.is_main:
                 mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
+                summary["run_id"] = getattr(getattr(run_, "info", None), "run_id", None)  # the registry's lineage names the run that trained it
         results[method] = summary
     if not dp.is_main:
         return {"rank": dp.rank, "methods": methods}  # rank 0 writes the stage's outputs

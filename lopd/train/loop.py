@@ -47,12 +47,16 @@ HISTORY_KEYS = ("step", "rollouts_cum", "train_wall_s", "reward_mean", "success_
 
 
 def comparable_hash(p: Params) -> str:
-    """Hash of every param that changes the numbers (not which methods run, resume, cadence of checkpoints, tracking, paths, schedule)."""
+    """Hash of every param that changes the numbers (not which methods run, resume, cadence of checkpoints, tracking, paths,
+    schedule), and with ``distill.init: champion`` the champion it starts from."""
     d = p.model_dump()
     for key in ("profile", "tracking", "paths", "schedule"):
         d.pop(key)
     for key in ("methods", "resume", "checkpoint_every"):
         d["distill"].pop(key)
+    if p.distill.init == "champion":  # which champion it starts from (the copy's registry marker: name, version, checkpoint hash)
+        marker = layout.champion_dir(p) / "registry.json"
+        d["champion"] = marker.read_text() if marker.exists() else None
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -63,7 +67,8 @@ def make_trainer(p: Params, method: str, student, tokenizer, *, fresh_bank: bool
                  dp: DataParallel = DataParallel()):
     """The trainer of ``method`` ('lopd', 'opsd', 'grpo', 'sft') around a trainable ``student``.
 
-    LOPD loads a second copy of the base as the composer's backbone (the frozen teacher), the
+    LOPD loads a second copy of the starting policy (``distill.init``: the base, or the champion) as
+    the composer's backbone (the frozen teacher), the
     cold-start composer φ₀ (``models/composer``) and its anchor, and the retriever; with
     ``fresh_bank`` its bank starts over as a copy of ``data/bank``. ``rounds=False`` gives it no
     bank of its own (successes are not kept; for benchmarks and probes that must not write).
@@ -87,7 +92,7 @@ def make_trainer(p: Params, method: str, student, tokenizer, *, fresh_bank: bool
     from lopd.memory.retrieval import open_retriever
     from lopd.policy.modeling import load_policy
 
-    backbone, _ = load_policy(layout.policy_path(p), p.model.dtype)  # the frozen teacher's weights
+    backbone, _ = load_policy(layout.init_path(p), p.model.dtype)  # the frozen teacher's weights: the base, or the champion
     bank_dir = layout.distill_bank_dir(p, method) if rounds else None
     if bank_dir is not None and (fresh_bank or not bank_dir.is_dir()) and dp.is_main:
         with atomic_path(bank_dir) as tmp:
@@ -214,7 +219,7 @@ def train_method(p: Params, method: str, *, resume: bool = False, stop_after: in
     dp.barrier()  # every rank has read the checkpoint before rank 0 may remove it
     if ckpt is None and dp.is_main:  # starting over: an earlier run's checkpoint must never be resumed into this one
         shutil.rmtree(layout.checkpoint_dir(p, method), ignore_errors=True)
-    src = layout.checkpoint_dir(p, method) / "student" if ckpt else layout.policy_path(p)
+    src = layout.checkpoint_dir(p, method) / "student" if ckpt else layout.init_path(p)  # distill.init: the base or the champion
     student, tokenizer = load_policy(src, p.model.dtype)
     engine = make_engine(p, student, tokenizer)
     dev_tasks = split_tasks(p, "dev", d.eval_dev_tasks)
