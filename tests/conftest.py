@@ -32,9 +32,9 @@ HEAVY_FIRST = [
 
 
 # Modules that must never run at the same time as each other: one work unit, so one worker runs them one after
-# the other. The code sandbox gives concurrent runs of one process distinct uids from its pool, but two workers
-# would both take the pool's first uids: their programs would share RLIMIT_NPROC, and test_code_sandbox.py's
-# check that no process of the pool is left on the host would see the other worker's programs.
+# the other. The sandbox's uids are held host-wide (flock, lopd/envs/code/uids.py), so two workers would no
+# longer share one; but the memory-budget tests measure the host's available memory while a hog runs, and the
+# hostile battery's 0.5-1.5 s timeouts, both of which another worker's sandbox runs would disturb.
 RUN_APART_TOGETHER = {"code-sandbox": ("tests/envs/test_code_*.py", "tests/test_env_pipelines.py")}
 
 
