@@ -21,12 +21,11 @@ it must not be one that success needs). An exception while grading fails that st
 
 from __future__ import annotations
 
-import logging
 import re
 
 from lopd.envs.episode import StepResult
 
-from .grading import Verdict, grade
+from .grading import grade, grader_error
 from .sandbox import SandboxLimits, SandboxUnavailable
 from .tasks import CodeTask
 
@@ -35,7 +34,6 @@ __all__ = ["NO_CODE", "SYSTEM_PROMPT", "CodeEnv", "StepResult", "bank_entry", "e
 SYSTEM_PROMPT = ("You are an expert Python programmer. Answer with the complete function in one ```python block. "
                  "After each attempt you are shown the test results; fix the code until every test passes.")
 NO_CODE = "no ```python block found: answer with the complete function in one ```python block"
-log = logging.getLogger(__name__)
 CODE_RE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\r?\n(.*?)```", re.S | re.I)
 
 
@@ -78,11 +76,8 @@ class CodeEnv:
                 verdict = grade(self.task.tests, code, self.limits)
             except SandboxUnavailable:
                 raise
-            except Exception as exc:  # noqa: BLE001 - one attempt fails, the batch goes on
-                why = f"grader error: {type(exc).__name__}: {exc}"[:200]
-                log.exception("code env %s: %s; the step fails with reward 0", self.task.task_id, why)
-                verdict = Verdict({n: False for n in self.task.tests.names}, last_error=why,
-                                  public=self.task.tests.feedback_names)
+            except Exception as exc:  # noqa: BLE001 - one attempt fails with reward 0, the batch goes on
+                verdict = grader_error(self.task.tests, exc)
             observation, reward, success = verdict.feedback(), verdict.reward, verdict.success
             info.update(short=verdict.short(), checks=verdict.checks, error=verdict.last_error,
                         timed_out=verdict.timed_out)

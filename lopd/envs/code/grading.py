@@ -256,6 +256,13 @@ def replay(tests: ProblemTests, results: list[CallResult]) -> list[tuple[bool, s
     return outcomes
 
 
+def grader_error(tests: ProblemTests, exc: Exception, load_error: str | None = None) -> Verdict:
+    """Every test failed, with ``grader error: ...`` as the reason (logged with its traceback)."""
+    why = f"grader error: {type(exc).__name__}: {exc}"[:200]
+    log.exception("grading %s: %s; every test fails", tests.task_id, why)
+    return Verdict({n: False for n in tests.names}, {}, load_error, why, public=tests.feedback_names)
+
+
 def judge(tests: ProblemTests, results: list[CallResult], load_error: str | None = None) -> Verdict:
     """The verdict on the child's results (the parent's side of :func:`grade`, no sandbox); never raises."""
     if load_error is not None:
@@ -263,9 +270,7 @@ def judge(tests: ProblemTests, results: list[CallResult], load_error: str | None
     try:
         outcomes = (replay if tests.kind == "scripted" else judge_cases)(tests, results)
     except Exception as exc:  # noqa: BLE001 - a grader bug fails this attempt, never the rollout batch
-        why = f"grader error: {type(exc).__name__}: {exc}"[:200]
-        log.exception("grading %s: %s; every test fails", tests.task_id, why)
-        return Verdict({n: False for n in tests.names}, {}, load_error, why, public=tests.feedback_names)
+        return grader_error(tests, exc, load_error)
     public = tests.feedback_names
     errors = [r.error[len("raised "):] for r in results if r.error.startswith("raised ")]
     return Verdict({n: ok for n, (ok, _, _) in zip(tests.names, outcomes)},
