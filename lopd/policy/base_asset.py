@@ -32,7 +32,12 @@ def recipe(p: Params) -> dict:
     flat = p.flat()
     keep = [k for k in flat if k.split(".")[0] in ("model", "bootstrap") or k == "seed"
             or k.startswith("toolworld.") or k in ("env.name", "env.task_seed", "env.max_turns", "env.success_threshold")]
-    return {k: flat[k] for k in sorted(keep) if k not in _NOT_RECIPE}
+    out = {k: flat[k] for k in sorted(keep) if k not in _NOT_RECIPE}
+    if flat.get("env.name") == "toolworld":  # the conventions themselves, not only the seed that deals them
+        from lopd.envs.toolworld.apps import world_fingerprint
+
+        out["toolworld.world_sha"] = world_fingerprint(p.toolworld.world_seed, p.toolworld.pretrain_apps)
+    return out
 
 
 def read_record(asset: Path = ASSET_DIR) -> dict:
@@ -113,7 +118,7 @@ Seed {r['seed']}; pre-training took {record['pretrain_s'] / 60:.1f} min ({record
 | teacher-forced action exact match | {acc} | |
 
 chance: on the same dev tasks, the best (figure by figure) of the policies that learn nothing
-(`lopd/envs/toolworld/chance.py`: fixed guesses of an app's conventions).
+(`lopd/envs/toolworld/chance.py`: fixed guesses of an app's conventions, or rules that set them from the check's errors).
 
 `tests/policy/test_base_asset.py` loads this directory and checks that the dev success above reproduces.
 """

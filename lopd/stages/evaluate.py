@@ -233,7 +233,7 @@ def markdown_table(results: dict, chance: dict | None = None, labels: dict[str, 
             lines.append(f"| {m} | {g} | {int(c['n_failed'])} | " + " | ".join(rate(c.get(k)) for k in items) + " |")
     if chance is not None:
         lines += ["", "chance: for each figure, the best of the policies that learn nothing (`lopd.envs.toolworld.chance`: "
-                  "fixed guesses of the app's conventions), on the same test tasks: "
+                  "fixed guesses of the app's conventions, or rules that set them from the check's errors), on the same test tasks: "
                   + ", ".join(f"{f} {n}" for f, n in chance["best"].items()) + "."]
     return "\n".join(lines) + "\n"
 

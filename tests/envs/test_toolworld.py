@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import itertools
 import random
 import re
 
@@ -132,6 +133,28 @@ def test_conventions_are_balanced_within_each_group_and_no_pattern_carries_over(
     assert _options(family, apps, world_seed) == _options(family, apps, world_seed)  # deterministic
 
 
+@pytest.mark.parametrize("world_seed", range(5))
+def test_conditional_balance_no_rule_that_reads_the_check_fits_more_than_a_quarter_of_a_group(world_seed):
+    """The conditional balance (apps.py): within each group, across the families, for each check
+    setting every (format as literal or other, commit) pair is held by the same number of apps;
+    so each of the 16 rules that map the check to a (format, commit) choice fits exactly a quarter."""
+    choice = {}  # (group, check) -> [(literal?, commit) per app]
+    for family in FAMILIES:
+        fam = REGISTRY[family]
+        for i, app in enumerate(fam.apps):
+            c = conventions(family, app, world_seed)
+            key = ("pretrain" if i < 4 else "new", c["prereq"])
+            choice.setdefault(key, []).append((c["format"] == fam.literal_format, c["commit"]))
+    pairs = list(itertools.product((True, False), ("required", "auto")))
+    for (group, check), got in choice.items():
+        assert len(got) == 2 * len(FAMILIES) and {p: got.count(p) for p in pairs} == dict.fromkeys(pairs, len(got) // 4), (group, check)
+    for group in ("pretrain", "new"):
+        n_apps = sum(len(v) for (g, _), v in choice.items() if g == group)
+        for when_check, when_not in itertools.product(pairs, repeat=2):
+            right = choice[group, "required"].count(when_check) + choice[group, "none"].count(when_not)
+            assert right * 4 == n_apps, (group, when_check, when_not)
+
+
 @pytest.mark.parametrize("n_pretrain", [2, 3, 5, 6])
 def test_other_group_sizes_are_as_balanced_as_their_counts_allow(n_pretrain):
     for family in FAMILIES:
@@ -238,7 +261,7 @@ def test_parse_and_format_round_trip():
     (format_tool_call("pay", {"payee_id": "a", "amount": 12.5}), "must be int"),
 ])
 def test_bad_actions_give_error_observations_and_the_episode_goes_on(action, message):
-    env = ToolWorldEnv(task_with("banking"))
+    env = ToolWorldEnv(task_with("banking", prereq="required"))  # the check tool exists at this app
     result = env.step(action)
     assert isinstance(result, StepResult) and not result.done and result.reward == 0.0
     assert message in json.loads(result.observation)["error"]

@@ -132,7 +132,7 @@ def test_distill_then_evaluate_with_mlflow(tmp_path, monkeypatch):
     assert splits == ["test"]  # the test split, and only it
     assert list(res) == ["vanilla", "lopd", "grpo", "sft", "chance"]
     chance = res.pop("chance")  # the policies that learn nothing, on the same test tasks
-    assert chance["n_tasks"] == p.evaluate.n_tasks and set(chance["policies"]) >= {"every_tool_once", "errors_literal_nocommit"}
+    assert chance["n_tasks"] == p.evaluate.n_tasks and set(chance["policies"]) >= {"every_tool_once", "ifcheck_literal_nocommit_else_literal_nocommit"}
     assert chance["success_rate"] == max(r["success_rate"] for r in chance["policies"].values())
     n = p.evaluate.n_tasks * p.evaluate.samples_per_task
     for m, r in res.items():

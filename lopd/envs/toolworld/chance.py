@@ -6,14 +6,18 @@ its own history) and follows the family's plan under a *fixed guess* of the app'
 
 * ``every_tool_once``: look up, check, act (the value as the task states it), commit, answer;
   a call that fails is not retried;
-* ``errors_<format>_<commit>``: guess the format (``literal``: as the task states it, or the
-  ``other`` option) and whether to commit, and read the one convention the tools do reveal: a
-  "check first" error means a check is required, a "not available here" error that it is not.
+* ``ifcheck_<format>_<commit>_else_<format>_<commit>``: the 16 *check-conditioned rules*. Each
+  reads the one convention the tools do reveal (a "check first" error means a check is
+  required, a "not available here" error that it is not) and sets the two silent conventions
+  from that one bit by a fixed rule: the format (``literal``: as the task states it, or the
+  ``other`` option) and whether to commit, one choice when a check is required and one when it
+  is not. Four of them make the same choice either way.
 
-Under the balance rule (``apps.py``) each fixed guess of the two silent conventions (format,
-commit) is right at one app in four of each group, and the tasks take the apps in turn, so
-each of these scores about a quarter everywhere (the mean reward of such a policy is about
-0.75: reward alone says little). The best of them, figure by figure, is the chance row.
+Under the conditional balance (``apps.py``), for each check setting every (format, commit) pair
+is held by the same number of apps of a group, so each rule is right at one app in four of each
+group, and the tasks take the apps in turn: each scores about a quarter everywhere (the mean
+reward of such a policy is about 0.75: reward alone says little). The best of them, figure by
+figure, is the chance row.
 """
 
 from __future__ import annotations
@@ -42,18 +46,23 @@ def tool_error(observation: str | None) -> str:
 
 @dataclass(frozen=True)
 class BlindPolicy:
-    """The family's plan under guessed conventions; ``adapt_prereq`` reads the check's errors."""
+    """The family's plan under guessed conventions; ``adapt_prereq`` reads the check's errors.
+
+    ``format`` / ``commit`` are the guesses while no check is believed required; once one is,
+    ``format_if_check`` / ``commit_if_check`` (the same guesses when None).
+    """
 
     format: str  # "literal" or "other"
     commit: str  # "required" or "auto"
     prereq: str = "none"  # the first guess, or the only one without adapt_prereq
     adapt_prereq: bool = True
     once: bool = False  # every planned tool once: a failed call is not retried
+    format_if_check: str | None = None
+    commit_if_check: str | None = None
 
     def believed(self, task: Task, history: History) -> dict[str, str]:
         fam = REGISTRY[task.family]
-        fmt = fam.literal_format if self.format == "literal" else next(f for f in fam.formats if f != fam.literal_format)
-        guess = {"format": fmt, "prereq": self.prereq, "commit": self.commit}
+        guess = {"prereq": self.prereq}
         tried = set()
         for action, observation in history:
             call, _ = parse_action(action)
@@ -63,6 +72,10 @@ class BlindPolicy:
                 guess["prereq"] = "required"
             elif self.adapt_prereq and "not available here" in error:
                 guess["prereq"] = "none"
+        check = guess["prereq"] == "required"
+        fmt = (self.format_if_check or self.format) if check else self.format
+        guess["format"] = fam.literal_format if fmt == "literal" else next(f for f in fam.formats if f != fam.literal_format)
+        guess["commit"] = (self.commit_if_check or self.commit) if check else self.commit
         if self.once:  # a step once tried is done with, whatever the tool answered
             guess["prereq"] = "none" if fam.role("prereq").name in tried else guess["prereq"]
             guess["commit"] = "auto" if fam.role("commit").name in tried else guess["commit"]
@@ -75,9 +88,10 @@ class BlindPolicy:
 def chance_policies() -> dict[str, BlindPolicy]:
     """The fixed set of non-learning policies, by name."""
     out = {"every_tool_once": BlindPolicy("literal", "required", prereq="required", adapt_prereq=False, once=True)}
-    for fmt in ("literal", "other"):
-        for commit, word in (("required", "commit"), ("auto", "nocommit")):
-            out[f"errors_{fmt}_{word}"] = BlindPolicy(fmt, commit)
+    pairs = [(fmt, commit, word) for fmt in ("literal", "other") for commit, word in (("required", "commit"), ("auto", "nocommit"))]
+    for fmt_c, commit_c, word_c in pairs:  # the choice when a check is required
+        for fmt, commit, word in pairs:  # ... and when it is not
+            out[f"ifcheck_{fmt_c}_{word_c}_else_{fmt}_{word}"] = BlindPolicy(fmt, commit, format_if_check=fmt_c, commit_if_check=commit_c)
     return out
 
 
