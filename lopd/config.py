@@ -213,6 +213,7 @@ class DistillParams(_Section):
     sft_lr: float = Field(1e-5, gt=0.0, description="Learning rate of the SFT baseline (rejection-sampling fine-tuning)")
     opsd_lr: float = Field(1e-5, gt=0.0, description="Student learning rate of the text-privilege baseline opsd (as LOPD's student: 1e-5)")
     resume: bool = Field(False, description="Continue each method from its last checkpoint instead of starting over")
+    workers: int = Field(1, ge=1, description="Methods trained at once, each in a process of its own with one thread (1 = in turn, in this process)")
     engine: Literal["single", "deepspeed"] = Field("single", description="Optimiser step: single (torch Adam, one process) or deepspeed (ZeRO data parallel; launch with lopd distill --nproc N, torchrun or deepspeed)")
     zero_config: str = Field("infra/deepspeed/zero2.json", description="DeepSpeed config of distill.engine=deepspeed ('auto' fields take lr, clip and batch sizes from params); zero3.json also shards parameters")
     init: Literal["base", "champion"] = Field("base", description="Where training starts: base = the base policy; champion = the registered champion (its weights start every student and are LOPD's and OPSD's frozen teacher)")

@@ -29,7 +29,7 @@ from lopd.config import Params, ParamsError
 from lopd.io import atomic_path, read_json, write_json
 from lopd.train.loop import comparable_hash, train_method
 from lopd.train.onpolicy import check_methods, rollout_budget, tasks_per_step
-from lopd.train.parallel import from_env, init_data_parallel
+from lopd.train.parallel import DataParallel, from_env, init_data_parallel
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,10 @@ def check_parallel(p: Params, methods: Sequence[str], world: int) -> None:
     """``distill.engine`` / ``zero_config`` against the launch, before any model loads."""
     d, errors = p.distill, []
     if d.engine == "single":
-        if world > 1:
+        if world > 1 and d.workers > 1:
+            errors.append(f"params: distill.workers = {d.workers} trains methods in processes of its own, but {world} ranks were "
+                          "launched: set distill.workers=1 with distill.engine=deepspeed and --nproc")
+        elif world > 1:
             errors.append(f"params: distill.engine = 'single' runs one process, but {world} were launched: set distill.engine=deepspeed")
     else:
         try:
@@ -190,14 +193,75 @@ def check_parallel(p: Params, methods: Sequence[str], world: int) -> None:
         raise ParamsError("\n".join(errors))
 
 
+# ----------------------------------------------------------------------------- one method, in this process or a worker
+
+# Relative cost of a method's step on CPU (metrics/distill.json step_ms, demo profile): the
+# dearest start first, so the workers finish together (longest-processing-time order).
+COST = {"lopd": 11.0, "opsd": 8.5, "grpo": 4.4, "sft": 3.5, "vanilla": 0.1}
+
+
+def _train_tracked(p: Params, method: str, resume: bool, stop_after: int | None, dp) -> dict | None:
+    """``train_method`` under its own MLflow run (rank 0), its final numbers logged and the run id kept."""
+    import contextlib
+
+    import mlflow
+
+    from lopd.ops.tracking import stage_run
+
+    tracked = stage_run(p, "distill", run_name=f"distill-{method}-seed{p.seed}", method=method) if dp.is_main else contextlib.nullcontext()
+    with tracked as run_:
+        summary = train_method(p, method, resume=resume, stop_after=stop_after, dp=dp)
+        if summary is not None and dp.is_main:
+            mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
+            summary["run_id"] = getattr(getattr(run_, "info", None), "run_id", None)  # the registry's lineage names the run that trained it
+    return summary
+
+
+def _worker_init(level: int, context: dict) -> None:
+    """A worker: one torch thread (two one-thread processes outrun one two-thread process on small
+    models), the parent's log format and its MLflow nesting (``run_context`` does not cross processes)."""
+    from lopd.ops import tracking
+
+    torch_threads(1)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    tracking._CONTEXT.set(context)
+
+
+def torch_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
+
+
+def _train_worker(p: Params, method: str, resume: bool, stop_after: int | None) -> dict | None:
+    return _train_tracked(p, method, resume, stop_after, DataParallel())
+
+
+def _train_in_workers(p: Params, methods: Sequence[str], workers: int, resume: bool, stop_after: int | None) -> dict:
+    """``distill.workers`` methods at once, each in a spawned process with one thread; results in ``methods`` order.
+
+    The seed gives the same numbers for the same ``distill.workers`` (one thread per worker)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from lopd.ops import tracking
+
+    order = sorted(methods, key=lambda m: -COST.get(m, 5.0))
+    log.info("distill: %d workers, one thread each, methods in the order %s", workers, order)
+    tracking.ensure_experiment(p)  # the store exists before two processes open it (else both would create its tables)
+    init = (logging.getLogger().getEffectiveLevel(), tracking._CONTEXT.get())
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init, initargs=init) as pool:
+        futures = {m: pool.submit(_train_worker, p, m, resume, stop_after) for m in order}
+        done = {m: f.result() for m, f in futures.items()}
+    return {m: done[m] for m in methods}
+
+
 def run(p: Params, methods: Sequence[str] | None = None, resume: bool | None = None, stop_after: int | None = None) -> dict:
     """Train ``methods`` (default ``distill.methods``) at one rollout budget; write students, metrics, curve, plots.
 
     ``resume`` (default ``distill.resume``) continues each method from its last checkpoint.
     ``stop_after`` is a testing hook: stop every method after that many steps, as if killed.
     """
-    import contextlib
-
     import mlflow
 
     from lopd.ops.tracking import stage_run
@@ -214,17 +278,18 @@ def run(p: Params, methods: Sequence[str] | None = None, resume: bool | None = N
         log.warning("distill: rollout.rng = batch: each rank's rollouts differ from one process's; "
                     "set rollout.rng=trajectory for rollouts that do not depend on --nproc")
 
-    results: dict[str, dict] = {}
-    for method in methods:
-        tracked = stage_run(p, "distill", run_name=f"distill-{method}-seed{p.seed}", method=method) if dp.is_main else contextlib.nullcontext()
-        with tracked as run_:
-            summary = train_method(p, method, resume=resume, stop_after=stop_after, dp=dp)
-            if summary is None:
-                return {"stopped_after": stop_after, "method": method}
-            if dp.is_main:
-                mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
-                summary["run_id"] = getattr(getattr(run_, "info", None), "run_id", None)  # the registry's lineage names the run that trained it
-        results[method] = summary
+    workers = min(p.distill.workers, len(methods))
+    if workers > 1 and not dp.active:
+        results = _train_in_workers(p, methods, workers, resume, stop_after)
+    else:
+        results = {}
+        for method in methods:  # in turn; a method cut short by stop_after ends the stage there
+            results[method] = _train_tracked(p, method, resume, stop_after, dp)
+            if results[method] is None:
+                break
+    stopped = [m for m, r in results.items() if r is None]
+    if stopped:
+        return {"stopped_after": stop_after, "method": stopped[0]}
     if not dp.is_main:
         return {"rank": dp.rank, "methods": methods}  # rank 0 writes the stage's outputs
 
