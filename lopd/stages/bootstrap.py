@@ -213,6 +213,7 @@ def run(p: Params) -> dict:
             info["reproduces_committed_record"] = measured["dev_success_rate"] == record["metrics"]["dev_success_rate"]
         metrics = {
             "params": p.flat(),
+            "recipe": base_asset.recipe(p),  # what a committed base must match, the world's conventions included
             "expert_success_rate": min(expert.values()) if expert else None,
             "expert_success_by_split": expert,
             **measured,
@@ -241,7 +242,7 @@ def export_base(p: Params, out=None) -> dict:
     src, out = layout.base_model_dir(p), Path(out or base_asset.ASSET_DIR)
     info_path = layout.metrics_path(p, "bootstrap")
     info = read_json(info_path) if info_path.exists() else {}
-    if info.get("base_source") != "train" or base_asset.recipe(p) != {k: info.get("params", {}).get(k) for k in base_asset.recipe(p)}:
+    if info.get("base_source") != "train" or info.get("recipe") != base_asset.recipe(p):
         raise ParamsError(f"export-base: {src} was not pre-trained with these params and bootstrap.source=train "
                           f"(see {info_path}): run `lopd bootstrap --set bootstrap.source=train` with them first")
     model, tokenizer = load_policy(src, "float32")
