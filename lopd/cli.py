@@ -34,12 +34,16 @@ def build_parser() -> argparse.ArgumentParser:
     _common(sub.add_parser("params", help="print the resolved params as JSON and exit"))
     _common(sub.add_parser("run", help="run every stage in order, in-process"))
     _common(sub.add_parser("export-base", help="write models/base (pre-trained with bootstrap.source=train) as the committed base in lopd/assets/base, with its model card"))
-    sweep = sub.add_parser("sweep", help="distill + evaluate every method at every seed; mean ± std and t-intervals in MLflow and metrics/sweep.*")
+    sweep = sub.add_parser("sweep", help="distill + evaluate every method at every seed, then the profile's sweep.ablations over the same seeds; "
+                                               "mean ± std, t-intervals, efficiency and ablation rows in MLflow and metrics/sweep.*")
     _common(sweep)
     sweep.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default: 0,1,2)")
     sweep.add_argument("--methods", default="lopd,opsd,grpo,vanilla,sft", help="comma-separated methods (default: lopd,opsd,grpo,vanilla,sft)")
     sweep.add_argument("--name", default="sweep", help="the sweep's name: seeds under runs/<name>/, tables metrics/<name>.{md,csv,json} "
                                                        "(e.g. --name margin0 --set distill.margin=0 for an ablation; default: sweep)")
+    sweep.add_argument("--no-ablations", action="store_true",
+                       help="skip the profile's sweep.ablations (each otherwise runs as its own LOPD sweep <name>-<ablation> over the same seeds, "
+                            "folded into the report); e.g. for a part of a sweep that another will --join")
     report = sub.add_parser("sweep-report", help="efficiency, curves (mean ± std over seeds) and ablation rows of a finished sweep: "
                                                  "metrics/<name>.{json,md}, metrics/plots/*.png, logged to its MLflow parent run")
     _common(report)
@@ -151,11 +155,10 @@ def main(argv: list[str] | None = None) -> int:
         print((params.root() / "metrics" / f"{args.name}.md").read_text(), end="")
         return 0
     if args.command == "sweep":
-        from lopd.experiments import sweep_report
+        from lopd.experiments import headline
 
-        try:
-            result = sweep.run(params, seeds, methods, name)
-            sweep_report.build(params, name=name)
+        try:  # the methods, the profile's ablations over the same seeds, then the report
+            result = headline.run(params, seeds, methods, name, ablations=not args.no_ablations)
         except (ParamsError, DataValidationError, FileNotFoundError, sweep.SweepError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2 if isinstance(e, ParamsError) else 1

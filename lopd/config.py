@@ -317,6 +317,42 @@ class ScheduleParams(_Section):
         return v
 
 
+class AblationParams(_Section):
+    """One named override set that ``lopd sweep`` runs as its own LOPD sweep over the same seeds."""
+
+    name: str = Field(..., description="The ablation's name: its row in metrics/<sweep>.md and its own sweep <sweep>-<name> (lowercase letters, digits, '_')")
+    set: dict[str, Any] = Field(..., description="Dotted params keys and the values this ablation runs with, e.g. {composer.frozen: false}")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_]{0,31}", v) or v == "main":
+            raise ValueError(f"sweep.ablations: name {v!r} is invalid: use lowercase letters, digits and '_', not 'main' (the report's own row) (e.g. joint, margin0)")
+        return v
+
+    @field_validator("set")
+    @classmethod
+    def _set(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if not v:
+            raise ValueError("sweep.ablations: set is empty: give at least one key, e.g. {composer.frozen: false}")
+        return v
+
+
+class SweepParams(_Section):
+    """What ``lopd sweep`` runs beside its methods (``lopd.experiments.headline``)."""
+
+    ablations: list[AblationParams] = Field([], description="LOPD ablations lopd sweep also runs over the same seeds and folds into its report: [{name: joint, set: {composer.frozen: false}}, ...]; [] = none")
+
+    @field_validator("ablations")
+    @classmethod
+    def _unique(cls, v: list[AblationParams]) -> list[AblationParams]:
+        names = [a.name for a in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"sweep.ablations: the names {dup} appear more than once: give each ablation its own name")
+        return v
+
+
 class Params(_Section):
     seed: int = Field(0, description="Global seed: the same seed gives the same numbers on CPU")
     model: ModelParams = ModelParams()
@@ -339,7 +375,30 @@ class Params(_Section):
     tracking: TrackingParams = TrackingParams()
     paths: PathsParams = PathsParams()
     schedule: ScheduleParams = ScheduleParams()
+    sweep: SweepParams = SweepParams()
     profile: str | None = Field(None, description="Overlay that was applied (set by the loader)")
+
+    @model_validator(mode="after")
+    def _ablations_apply(self) -> "Params":
+        """Each ablation's overrides name real keys with valid values (checked on a copy of these params);
+        which keys a sweep's ablation may change is :func:`lopd.experiments.headline.check_ablations`'s rule."""
+        for i, ab in enumerate(self.sweep.ablations):
+            for key in ab.set:
+                if not isinstance(key, str) or not key.strip() or key.split(".")[0] == "sweep":
+                    raise ValueError(f"sweep.ablations[{i}] ({ab.name}).set: key {key!r} is invalid: name a params key such as composer.frozen")
+            data = self.model_dump()
+            data["sweep"]["ablations"] = []
+            try:
+                for key, value in ab.set.items():
+                    _apply_set(data, key.split("."), value)
+                Params.model_validate(data)
+            except ValidationError as e:
+                why = "; ".join(re.sub(r" \(set it in params.yaml or with --set .*\)$", "", line.removeprefix("params: "))
+                                for line in _format(e, data).splitlines())
+                raise ValueError(f"sweep.ablations[{i}] ({ab.name}).set: {why}") from None
+            except ParamsError as e:
+                raise ValueError(f"sweep.ablations[{i}] ({ab.name}).set: {str(e).removeprefix('--set ')}") from None
+        return self
 
     def flat(self) -> dict[str, Any]:
         """``{"distill.margin": 0.05, ...}`` — the form MLflow and the metrics files log."""

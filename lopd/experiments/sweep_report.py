@@ -1,19 +1,22 @@
-"""A sweep's report: efficiency per seed, curves as mean ± std over seeds, ablation rows.
+"""A sweep's report: efficiency per seed, the chance row's policies, curves as mean ± std over seeds, ablation rows.
 
 It reads only what sweeps wrote: ``metrics/<name>.json`` (seeds, methods, aggregate, MLflow parent
-run) and each seed's ``runs/<name>/seed<k>/metrics/distill.json`` (dev curves and per-step
-history). It adds to the main sweep's ``metrics/sweep.json``:
+run) and each seed's ``runs/<name>/seed<k>/metrics/{distill,evaluate}.json`` (dev curves, per-step
+history, the chance record). It adds to the main sweep's ``metrics/sweep.json``:
 
 - ``efficiency``: ``rollouts_to_grpo_final_frac`` and ``wall_to_grpo_final_ratio`` (see
   :func:`lopd.stages.distill.efficiency`) as ``{n, mean, std, ci_low, ci_high, per_seed}``, with the
-  seeds in which LOPD never reached GRPO's final dev success under ``not_reached``;
+  seeds in which LOPD never reached GRPO's final dev success under ``not_reached``, the seeds where
+  GRPO ends no higher than the base starts under ``degenerate``, and each figure over the other
+  seeds as ``other_seeds``;
+- ``chance``: which named policy of the environment's ``chance`` record gives each figure (``best``);
 - ``ablations``: each ablation sweep's name, the params it changed, its aggregate, and LOPD's
   final Δ, KL and β per seed;
 
-writes ``metrics/plots/*.png`` and appends the ablation rows, the efficiency and the interval
-comparisons to ``metrics/sweep.md``. Everything is logged to the main sweep's MLflow parent run.
-``lopd sweep-report --ablation margin0 --ablation frozen ...`` rebuilds it at any time;
-``lopd sweep`` builds it (without ablations) when it ends.
+writes ``metrics/plots/*.png`` (:mod:`lopd.experiments.sweep_plots`) and ``metrics/sweep.md``
+(:mod:`lopd.experiments.sweep_markdown`). Everything is logged to the main sweep's MLflow parent run.
+``lopd sweep`` builds it with the profile's ``sweep.ablations`` (:mod:`lopd.experiments.headline`);
+``lopd sweep-report --ablation margin0 --ablation frozen ...`` rebuilds it at any time.
 """
 
 from __future__ import annotations
@@ -22,22 +25,17 @@ import logging
 from pathlib import Path
 from typing import Mapping, Sequence
 
-import numpy as np
-
 from lopd.config import Params
 from lopd.experiments.sweep import now_ms
+from lopd.experiments.sweep_markdown import EFFICIENCY_KEYS, FINAL_WINDOW, headline_table, intervals_separate, report_markdown  # noqa: F401
+from lopd.experiments.sweep_plots import DYNAMICS, plot_dev_curves, plot_dynamics
 from lopd.experiments.tables import aggregate, aggregate_table, csv_table, markdown_table, seed_rows
 from lopd.io import atomic_path, read_json, write_json
 from lopd.stages.distill import efficiency
 
 log = logging.getLogger(__name__)
 
-EFFICIENCY_KEYS = ("rollouts_to_grpo_final_frac", "wall_to_grpo_final_ratio")
-DYNAMICS = (("beta", "β (dual variable)"), ("delta", "Δ: trajectory margin (nats)"), ("kl", "KL(π_S ‖ π_T) per token"),
-            ("margin_violation", "margin violation m − Δ"))
-COLORS = {"lopd": "C0", "opsd": "C1", "grpo": "C2", "sft": "C3", "vanilla": "gray"}
 IGNORED_PARAM_PREFIXES = ("paths.", "tracking.", "distill.methods", "sweep.")
-FINAL_WINDOW = 10  # "at the end" = the last 10 steps of each seed (one step's Δ is noisy)
 
 
 # ----------------------------------------------------------------------------- reading sweeps
@@ -56,7 +54,7 @@ def seed_details(sweep_json: Path) -> tuple[dict, dict[int, dict]]:
     sweeps that ran before it.
     """
     sweep = read_json(sweep_json)
-    out, per_seed = {}, {}
+    out, per_seed, chance = {}, {}, {}
     seed_dirs = sweep.get("seed_dirs", {})  # seeds joined from another sweep (``join``) live under its runs/<name>
     for k in sweep["seeds"]:
         seed_root = sweep_json.parent.parent / seed_dirs[str(k)] if str(k) in seed_dirs else sweep_dir(sweep_json, sweep) / f"seed{k}"
@@ -66,9 +64,11 @@ def seed_details(sweep_json: Path) -> tuple[dict, dict[int, dict]]:
                 raise FileNotFoundError(f"sweep report: {metrics / name} is missing; the sweep {sweep_json} did not finish seed {k}")
         distilled, evaluated = read_json(metrics / "distill.json"), read_json(metrics / "evaluate.json")
         out[int(k)] = distilled["details"]
+        chance[int(k)] = evaluated
         for m, metrics in seed_rows(sweep["methods"], distilled, evaluated).items():
             per_seed.setdefault(m, {})[int(k)] = metrics
     sweep["per_seed"] = {m: {str(k): v for k, v in by.items()} for m, by in per_seed.items()}
+    sweep["chance"] = chance_summary(chance)
     sweep["aggregate"] = aggregate_table(per_seed, sweep["ci"])
     return sweep, out
 
@@ -76,16 +76,48 @@ def seed_details(sweep_json: Path) -> tuple[dict, dict[int, dict]]:
 # ----------------------------------------------------------------------------- numbers
 
 
+def base_start(seed_details: Mapping) -> float | None:
+    """The dev success every method starts from in one seed: LOPD's dev point at 0 generations (the base's)."""
+    curve = (seed_details.get("lopd") or {}).get("curve") or []
+    return curve[0].get("dev_success") if curve and curve[0].get("rollouts_cum", 0) == 0 else None
+
+
 def efficiency_summary(details: Mapping[int, Mapping], ci: float) -> dict:
-    """Per seed :func:`lopd.stages.distill.efficiency` → ``{key: {n, mean, std, ci_low, ci_high, per_seed}}`` + ``not_reached``."""
+    """Per seed :func:`lopd.stages.distill.efficiency` → ``{key: {n, mean, std, ci_low, ci_high, per_seed, other_seeds}}``
+    + ``not_reached`` + ``degenerate``.
+
+    A seed is ``degenerate`` when GRPO's final dev success is no higher than the base's own, where
+    every method starts: LOPD "reaches" it at 0 generations, so its 0.0 says nothing of LOPD.
+    ``other_seeds`` is the aggregate over the seeds that are not (absent when every seed is).
+    """
     per_seed = {k: efficiency(d) for k, d in details.items()}
-    out: dict = {"target": "GRPO's final dev success (same seed)", "not_reached": [k for k, e in per_seed.items() if e["grpo_final_reached"] is False]}
+    starts = {k: base_start(d) for k, d in details.items()}
+    degenerate = [k for k, e in per_seed.items() if e["grpo_final_dev_success"] is not None and starts[k] is not None
+                  and e["grpo_final_dev_success"] <= starts[k]]
+    out: dict = {"target": "GRPO's final dev success (same seed)", "not_reached": [k for k, e in per_seed.items() if e["grpo_final_reached"] is False],
+                 "degenerate": degenerate, "base_dev_success": {str(k): v for k, v in starts.items()}}
     for key in EFFICIENCY_KEYS:
         vals = {k: e[key] for k, e in per_seed.items() if e[key] is not None}
         if vals:
             out[key] = {**aggregate(list(vals.values()), ci), "per_seed": {str(k): v for k, v in vals.items()}}
+            rest = [v for k, v in vals.items() if k not in degenerate]
+            if degenerate and rest:
+                out[key]["other_seeds"] = {**aggregate(rest, ci), "seeds": [k for k in vals if k not in degenerate]}
     out["per_seed"] = {str(k): e for k, e in per_seed.items()}
     return out
+
+
+def chance_summary(evaluated: Mapping[int, Mapping]) -> dict | None:
+    """Which named policy gives each chance figure, per seed (``best`` of the environment's ``chance``
+    record in each seed's ``evaluate.json``), and ``best`` itself when every seed agrees; None without one."""
+    rows = {k: e["chance"] for k, e in evaluated.items() if isinstance(e.get("chance"), Mapping)}
+    if not rows:
+        return None
+    per_seed = {str(k): {"best": dict(r.get("best") or {}), "n_tasks": r.get("n_tasks"), "policies": sorted(r.get("policies") or {})}
+                for k, r in rows.items()}
+    bests = [v["best"] for v in per_seed.values()]
+    return {"best": bests[0] if all(b == bests[0] for b in bests) else None,
+            "policies": sorted({n for v in per_seed.values() for n in v["policies"]}), "per_seed": per_seed}
 
 
 def dynamics_final(details: Mapping[int, Mapping], ci: float, method: str = "lopd") -> dict:
@@ -105,26 +137,6 @@ def dynamics_final(details: Mapping[int, Mapping], ci: float, method: str = "lop
     return out
 
 
-def stacked(details: Mapping[int, Mapping], method: str, series: str, x: str, y: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(x_P, y_SP)``: ``series`` (``curve`` or ``history``) of ``method`` over seeds, aligned by index.
-
-    Every seed evaluates at the same steps, so point i is the same step in each seed; x is the
-    mean over seeds (identical for generations, the mean wall-clock for seconds).
-    """
-    rows = [d[method][series] for d in details.values() if d.get(method, {}).get(series)]
-    n = min(len(r) for r in rows)
-    xs = np.array([[pt[x] for pt in r[:n]] for r in rows], dtype=float)
-    ys = np.array([[np.nan if pt.get(y) is None else pt[y] for pt in r[:n]] for r in rows], dtype=float)
-    return xs.mean(axis=0), ys
-
-
-def intervals_separate(a: Mapping, b: Mapping) -> bool | None:
-    """Whether two aggregates' t-intervals are disjoint (None when either has no interval)."""
-    if None in (a.get("ci_low"), a.get("ci_high"), b.get("ci_low"), b.get("ci_high")):
-        return None
-    return a["ci_low"] > b["ci_high"] or b["ci_low"] > a["ci_high"]
-
-
 def changed_params(main: Mapping[str, str], other: Mapping[str, str]) -> dict[str, str]:
     """The params an ablation sweep changed relative to the main one (MLflow's logged params).
 
@@ -133,134 +145,6 @@ def changed_params(main: Mapping[str, str], other: Mapping[str, str]) -> dict[st
     """
     return {k: v for k, v in sorted(other.items())
             if k in main and main[k] != v and not k.startswith(IGNORED_PARAM_PREFIXES)}
-
-
-# ----------------------------------------------------------------------------- plots
-
-
-def _band(ax, x, ys, label, color, marker="o"):
-    mean, std = np.nanmean(ys, axis=0), np.nanstd(ys, axis=0, ddof=1) if len(ys) > 1 else np.zeros(ys.shape[1])
-    ax.plot(x, mean, marker=marker, ms=3, label=label, color=color)
-    ax.fill_between(x, mean - std, mean + std, alpha=0.2, color=color)
-
-
-def plot_dev_curves(details: Mapping[int, Mapping], methods: Sequence[str], x: str, path: Path) -> Path:
-    """Dev success and reward against ``x`` (``rollouts_cum`` or ``train_wall_s``), mean ± 1 std over seeds."""
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, y in zip(axes, ("dev_success", "dev_reward")):
-        for m in methods:
-            if m == "vanilla":
-                base = [d["vanilla"]["curve"][0][y] for d in details.values() if "vanilla" in d]
-                if base:
-                    ax.axhline(float(np.mean(base)), ls="--", c=COLORS["vanilla"], label="vanilla (base)")
-                continue
-            xs, ys = stacked(details, m, "curve", x, y)
-            _band(ax, xs, ys, m, COLORS.get(m))
-        xlabel = "generations (cumulative rollouts)" if x == "rollouts_cum" else "training wall-clock (s, mean over seeds)"
-        ax.set(xlabel=xlabel, ylabel=y.replace("_", " "), title=f"{y.replace('_', ' ')}: mean ± 1 std over {len(details)} seeds")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    return _save(fig, path)
-
-
-def plot_dynamics(runs: Mapping[str, Mapping[int, Mapping]], path: Path, keys: Sequence[str] | None = None,
-                  method_of: Mapping[str, str] | None = None) -> Path:
-    """β, Δ, KL and margin violation over steps, one line (mean ± 1 std over seeds) per run label.
-
-    ``method_of``: the method each label plots (default lopd), e.g. OPSD's Δ and KL beside LOPD's.
-    """
-    import matplotlib.pyplot as plt
-
-    panels = [(k, t) for k, t in DYNAMICS if keys is None or k in keys]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
-    for ax, (key, title) in zip(np.atleast_1d(axes), panels):
-        for i, (label, details) in enumerate(runs.items()):
-            method = (method_of or {}).get(label, "lopd")
-            if not any(key in (d.get(method, {}).get("history") or [{}])[0] for d in details.values()):
-                continue  # OPSD has no β or margin
-            xs, ys = stacked(details, method, "history", "step", key)
-            _band(ax, xs, ys, label, f"C{i}", marker=".")
-        ax.axhline(0.0, c="k", lw=0.5)
-        ax.set(xlabel="step", title=title)
-        ax.grid(alpha=0.3)
-    np.atleast_1d(axes)[0].legend(fontsize=8)
-    return _save(fig, path)
-
-
-def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-    return path
-
-
-# ----------------------------------------------------------------------------- markdown
-
-
-def _f(x, digits: int = 3) -> str:
-    return "n/a" if x is None else f"{x:.{digits}f}"
-
-
-def _cell(a: Mapping | None) -> str:
-    return "—" if not a else f"{_f(a['mean'])} ± {_f(a['std'])} [{_f(a['ci_low'])}, {_f(a['ci_high'])}]"
-
-
-HEADLINE = (("test_success_rate", "test success"), ("test_mean_reward", "test reward"), ("test_success_pretrain", "pre-training apps"),
-            ("test_success_new", "new apps"), ("final_dev_success", "final dev success"), ("rollouts", "generations"))
-
-
-def headline_table(sweep: Mapping) -> str:
-    """The comparison at a glance: ``mean ± std [CI]`` of the numbers that decide it."""
-    agg, ci = sweep["aggregate"], sweep["ci"]
-    lines = [f"## Headline: mean ± std [{ci:.0%} t-interval] over seeds {', '.join(map(str, sweep['seeds']))}", "",
-             "| method | " + " | ".join(t for _, t in HEADLINE) + " |", "|---|" + "---|" * len(HEADLINE)]
-    for m, row in agg.items():
-        cells = [(f"{row[k]['mean']:.0f}" if k == "rollouts" and k in row else _cell(row.get(k))) for k, _ in HEADLINE]
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\n## Every metric\n\n"
-
-
-def report_markdown(sweep: Mapping, eff: Mapping, dyn: Mapping, ablations: Sequence[Mapping]) -> str:
-    agg, ci = sweep["aggregate"], sweep["ci"]
-    lines = ["", "## Efficiency (LOPD against GRPO, per seed)", "",
-             f"Target: {eff['target']}. Never reached: {eff['not_reached'] or 'none'} (counted as 1.0 and flagged).", "",
-             "| number | mean ± std [CI] | per seed |", "|---|---|---|"]
-    for key in EFFICIENCY_KEYS:
-        a = eff.get(key)
-        per = ", ".join(f"seed{k}: {_f(v)}" for k, v in (a or {}).get("per_seed", {}).items())
-        lines.append(f"| {key} | {_cell(a)} | {per} |")
-    lop = agg.get("lopd", {}).get("test_success_rate")
-    if lop:
-        lines += ["", f"## Do the {ci:.0%} intervals of test success separate?", ""]
-        for m in ("chance", "grpo", "vanilla", "opsd", "sft"):
-            other = agg.get(m, {}).get("test_success_rate")
-            if other:
-                sep = intervals_separate(lop, other)
-                word = "n/a" if sep is None else ("yes" if sep else "no (they overlap)")
-                lines.append(f"- lopd {_f(lop['mean'])} vs {m} {_f(other['mean'])}: {word}")
-    all_seeds = sorted(int(k) for k in sweep["seeds"])
-
-    def seeds_note(ab) -> str:
-        seeds = ab.get("seeds") or all_seeds
-        return "" if seeds == all_seeds else f", seeds {', '.join(map(str, seeds))}"
-
-    rows = [("lopd (main)", sweep["aggregate"].get("lopd", {}), dyn)] + [
-        (f"lopd · {ab['name']} ({', '.join(f'{k}={v}' for k, v in ab['changed'].items()) or 'same params'}{seeds_note(ab)})",
-         ab["aggregate"].get("lopd", {}), ab["dynamics_final"]) for ab in ablations]
-    if ablations:
-        lines += ["", "## Ablations (LOPD; a row over fewer seeds has the main run over the same seeds beside it)", "",
-                  f"| run | test success | test reward | final dev success | Δ, last {FINAL_WINDOW} steps | KL, last {FINAL_WINDOW} steps | β, last {FINAL_WINDOW} steps |",
-                  "|---|---|---|---|---|---|---|"]
-        for label, a, d in rows:
-            lines.append(f"| {label} | {_cell(a.get('test_success_rate'))} | {_cell(a.get('test_mean_reward'))} | "
-                         f"{_cell(a.get('final_dev_success'))} | {_cell(d.get('delta'))} | {_cell(d.get('kl'))} | {_cell(d.get('beta'))} |")
-    return "\n".join(lines) + "\n"
 
 
 # ----------------------------------------------------------------------------- the report

@@ -104,3 +104,24 @@ def test_distill_method_flag_selects_methods_through_params(repo):
     bad = build_parser().parse_args(["distill", "--params", str(repo / "params.yaml"), "--method", "ppo"])
     with pytest.raises(ParamsError, match="distill.methods"):
         load_params(bad.params, None, stage_overrides(bad))
+
+
+@pytest.mark.parametrize("ablations, words", [
+    ("[{name: x, set: {composer.frozn: true}}]", "sweep.ablations[0] (x).set: unknown key 'composer.frozn'"),
+    ("[{name: x, set: {distill.margin: -1}}]", "sweep.ablations[0] (x).set: distill.margin = -1 is invalid"),
+    ("[{name: x, set: {}}]", "sweep.ablations: set is empty"),
+    ("[{name: Joint, set: {composer.frozen: false}}]", "sweep.ablations: name 'Joint' is invalid"),
+    ("[{name: x, set: {a.b: 1}}, {name: x, set: {a.b: 2}}]", "appear more than once"),
+    ("[{name: x, set: {sweep.ablations: []}}]", "key 'sweep.ablations' is invalid"),
+])
+def test_sweep_ablations_are_checked_before_compute(repo, ablations, words):
+    with pytest.raises(ParamsError) as e:
+        load_params(repo / "params.yaml", "smoke", [f"sweep.ablations={ablations}"])
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_profiles_list_their_ablations(repo):
+    demo = load_params(repo / "params.yaml", "demo")
+    assert [(a.name, a.set) for a in demo.sweep.ablations] == [("joint", {"composer.frozen": False})]
+    assert len(load_params(repo / "params.yaml", "smoke").sweep.ablations) == 1
+    assert load_params(repo / "params.yaml", None).sweep.ablations == []

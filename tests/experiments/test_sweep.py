@@ -68,7 +68,7 @@ def _details(lopd_success, grpo_success, wall=(1.0, 2.0)):
 
 
 def test_report_numbers_by_hand(tmp_path):
-    from lopd.experiments import sweep_report
+    from lopd.experiments import sweep_plots, sweep_report
 
     details = {0: _details([0.1, 0.3, 0.4], [0.1, 0.2, 0.3]),   # reaches 0.3 at 8 of 16 → 0.5; 2 s·1 / (2·1 s) = 1.0
                1: _details([0.1, 0.2, 0.25], [0.1, 0.2, 0.3])}  # never: flagged, 1.0; wall 2·2 / 2 = 2.0
@@ -77,7 +77,7 @@ def test_report_numbers_by_hand(tmp_path):
     assert eff["rollouts_to_grpo_final_frac"]["mean"] == pytest.approx(0.75)
     assert eff["rollouts_to_grpo_final_frac"]["std"] == pytest.approx(math.sqrt(0.125))
     assert eff["wall_to_grpo_final_ratio"]["per_seed"] == {"0": pytest.approx(1.0), "1": pytest.approx(2.0)}
-    x, ys = sweep_report.stacked(details, "lopd", "curve", "rollouts_cum", "dev_success")
+    x, ys = sweep_plots.stacked(details, "lopd", "curve", "rollouts_cum", "dev_success")
     assert list(x) == [0, 8, 16] and ys.shape == (2, 3) and ys[1, 2] == 0.25
     dyn = sweep_report.dynamics_final(details, 0.95)
     assert dyn["beta"]["mean"] == pytest.approx(0.05) and dyn["kl"]["values"] == [pytest.approx(0.45)] * 2  # mean of the 2 steps
@@ -88,8 +88,34 @@ def test_report_numbers_by_hand(tmp_path):
     assert sweep_report.changed_params(main_p, {**main_p, "distill.margin": "0", "paths.root": "b"}) == {"distill.margin": "0"}
     # a key the main run never logged (added or renamed by later code) is no ablation's change
     assert sweep_report.changed_params(main_p, {**main_p, "toolworld.world_seed": "0"}) == {}
-    png = sweep_report.plot_dev_curves(details, ["lopd", "grpo"], "train_wall_s", tmp_path / "p" / "c.png")
+    png = sweep_plots.plot_dev_curves(details, ["lopd", "grpo"], "train_wall_s", tmp_path / "p" / "c.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
+    # seed 2: GRPO ends (0.2) below the base's start (0.3), so LOPD "reaches" it at 0 generations: degenerate
+    eff = sweep_report.efficiency_summary({**details, 2: _details([0.3, 0.35, 0.4], [0.3, 0.25, 0.2])}, 0.95)
+    assert eff["degenerate"] == [2] and eff["rollouts_to_grpo_final_frac"]["per_seed"]["2"] == 0.0
+    assert eff["rollouts_to_grpo_final_frac"]["other_seeds"]["seeds"] == [0, 1]
+    assert eff["rollouts_to_grpo_final_frac"]["other_seeds"]["mean"] == pytest.approx(0.75)
+    assert eff["base_dev_success"] == {"0": 0.1, "1": 0.1, "2": 0.3}
+    md = sweep_report.report_markdown({"aggregate": {}, "ci": 0.95, "seeds": [0, 1, 2]}, eff, {}, [])
+    assert "seed2: 0.000 (degenerate)" in md and "0.750 ± 0.354" in md and "(seeds 0, 1)" in md
+    assert sweep_report.efficiency_summary(details, 0.95)["degenerate"] == []
+
+
+def test_chance_line_names_the_policy_of_each_figure():
+    from lopd.experiments import sweep_markdown, sweep_report
+
+    def ev(best):
+        return {"chance": {"success_rate": 0.25, "best": best, "policies": {"every_tool_once": {}, "errors_a": {}, "errors_b": {}}}}
+
+    same = {"success_rate": "errors_a", "success_by_group.new": "errors_b", "mean_reward": "every_tool_once"}
+    chance = sweep_report.chance_summary({0: ev(same), 1: ev(same)})
+    assert chance["best"] == same and chance["policies"] == ["errors_a", "errors_b", "every_tool_once"]
+    assert sweep_markdown.chance_lines(chance)[-1] == (
+        "chance: for each figure, the best of 3 policies that learn nothing: test success `errors_a`, new apps `errors_b`, "
+        "test reward `every_tool_once`.")
+    differ = sweep_report.chance_summary({0: ev(same), 1: ev({**same, "success_rate": "errors_b"})})
+    assert differ["best"] is None and sweep_markdown.chance_lines(differ)[-1] == "- seed 1: test success `errors_b`, new apps `errors_b`, test reward `every_tool_once`"
+    assert sweep_report.chance_summary({0: {}}) is None and sweep_markdown.chance_lines(None) == []
 
 
 def test_bad_seeds_and_methods_fail_before_compute(repo, tmp_path, capsys):
@@ -101,6 +127,12 @@ def test_bad_seeds_and_methods_fail_before_compute(repo, tmp_path, capsys):
     rc = main(["sweep", "--params", str(repo / "params.yaml"), "--profile", "smoke", "--set", f"paths.root={tmp_path}",
                "--seeds", "0,x"])
     assert rc == 2 and "--seeds" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    # an ablation that would change the shared outputs it reuses (the index reads retrieval.*): refused before any compute
+    rc = main(["sweep", "--params", str(repo / "params.yaml"), "--profile", "smoke", "--set", f"paths.root={tmp_path}",
+               "--set", "sweep.ablations=[{name: nret1, set: {retrieval.n_ret: 1}}]", "--seeds", "0", "--methods", "lopd"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "sweep.ablations[0] (nret1).set: retrieval.n_ret changes what the shared index stage builds" in err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -275,7 +307,31 @@ def test_report_efficiency_is_each_seeds_own_and_plots_are_written(swept):
     assert "## Efficiency" in md and "rollouts_to_grpo_final_frac" in md and "lopd " in md
     assert "tracking_uri" not in result and str(p.root()) not in json.dumps(result)  # no machine paths in metrics files
     artifacts = {a.path for a in _client(p).list_artifacts(result["parent_run_id"], "plots")}
-    assert artifacts == {"plots/dev_vs_rollouts.png", "plots/dev_vs_wall.png", "plots/lopd_dynamics.png"}
+    assert artifacts == {"plots/dev_vs_rollouts.png", "plots/dev_vs_wall.png", "plots/lopd_dynamics.png", "plots/ablation_dynamics.png"}
+    # per-seed efficiency in the json and the md; a degenerate seed is flagged (GRPO ends no higher than the base starts)
+    for k in SEEDS:
+        start = result["efficiency"]["base_dev_success"][str(k)]
+        assert (k in eff["degenerate"]) == (eff["per_seed"][str(k)]["grpo_final_dev_success"] <= start)
+        assert f"seed{k}: {fracs[k]:.3f}" in md
+    assert "Degenerate:" in md
+
+
+def test_one_command_gives_methods_chance_with_its_policies_and_the_profiles_ablation(swept):
+    """``lopd sweep --profile smoke`` alone: every method, the chance row with the policy behind each figure,
+    and the smoke profile's ablation (``frozen``) run over the same seeds as its own sweep and folded in."""
+    p, result = swept
+    assert set(result["aggregate"]) == {"chance", *METHODS}
+    chance = result["chance"]
+    evaluated = json.loads((sweep.seed_root(p, 0) / "metrics" / "evaluate.json").read_text())["chance"]
+    assert chance["best"] == evaluated["best"] and set(chance["best"]) >= {"success_rate", "mean_reward"}
+    assert set(chance["best"].values()) <= set(chance["policies"]) == set(evaluated["policies"])
+    md = (p.root() / "metrics" / "sweep.md").read_text()
+    assert f"test success `{chance['best']['success_rate']}`" in md
+    [ab] = [a for a in result["ablations"] if a["name"] != "main"]
+    assert ab["name"] == "sweep-frozen" and ab["changed"] == {"composer.frozen": "True"} and ab["seeds"] == SEEDS
+    assert ab["aggregate"]["lopd"]["test_success_rate"]["n"] == len(SEEDS)
+    assert (p.root() / "metrics" / "sweep-frozen.json").exists() and (p.root() / "runs" / "sweep-frozen" / "seed1").is_dir()
+    assert "| lopd · sweep-frozen (composer.frozen=True) |" in md
 
 
 @pytest.mark.slow
@@ -285,7 +341,8 @@ def test_an_ablation_sweep_joins_the_report_with_what_it_changed(swept, repo, ca
     sets = [a for o in overrides for a in ("--set", o)]
     common = ["--params", str(repo / "params.yaml"), "--profile", "smoke", *sets]
     # an ablation over a subset of the main seeds (seed 1 only): the report adds the main run over that subset
-    assert main(["-q", "sweep", *common, "--seeds", "1", "--methods", "lopd", "--name", "margin0", "--set", "distill.margin=0"]) == 0
+    assert main(["-q", "sweep", *common, "--seeds", "1", "--methods", "lopd", "--name", "margin0", "--set", "distill.margin=0",
+                 "--no-ablations"]) == 0
     assert (p.root() / "runs" / "margin0" / "seed1" / "metrics" / "distill.json").exists()
     assert main(["-q", "sweep-report", *common, "--ablation", "margin0"]) == 0
     out = json.loads((p.root() / "metrics" / "sweep.json").read_text())
