@@ -50,7 +50,7 @@ def comparable_hash(p: Params) -> str:
     """Hash of every param that changes the numbers (not which methods run, resume, cadence of checkpoints, tracking, paths,
     schedule), and with ``distill.init: champion`` the champion it starts from."""
     d = p.model_dump()
-    for key in ("profile", "tracking", "paths", "schedule"):
+    for key in ("profile", "tracking", "paths", "schedule", "sweep"):
         d.pop(key)
     for key in ("methods", "resume", "checkpoint_every"):
         d["distill"].pop(key)
