@@ -80,6 +80,7 @@ class Environment:
     pretraining: Pretraining | None = None  # None: pre-train on the expert's episodes of train tasks
     chance: Callable[[Sequence, Mapping[str, str]], dict] | None = None  # (tasks, task id -> group) -> the chance row
     convention_start: Callable[[Any, Sequence[str], Sequence[str | None], int], int | None] | None = None  # token kinds
+    fingerprint: str | None = None  # short hash of the world's hidden rules: a base pre-trained in another world does not match it
 
     def play(self, task, agent) -> dict:
         """``agent`` through one episode of ``task``: actions, observations, shorts, reward, success."""

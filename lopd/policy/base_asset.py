@@ -33,10 +33,11 @@ def recipe(p: Params) -> dict:
     keep = [k for k in flat if k.split(".")[0] in ("model", "bootstrap") or k == "seed"
             or k.startswith("toolworld.") or k in ("env.name", "env.task_seed", "env.max_turns", "env.success_threshold")]
     out = {k: flat[k] for k in sorted(keep) if k not in _NOT_RECIPE}
-    if flat.get("env.name") == "toolworld":  # the conventions themselves, not only the seed that deals them
-        from lopd.envs.toolworld.apps import world_fingerprint
+    from lopd.envs.registry import get_environment
 
-        out["toolworld.world_sha"] = world_fingerprint(p.toolworld.world_seed, p.toolworld.pretrain_apps)
+    world = get_environment(p).fingerprint  # the hidden rules themselves, not only the seed that deals them
+    if world is not None:
+        out["env.world_sha"] = world
     return out
 
 

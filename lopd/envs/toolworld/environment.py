@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from lopd.envs.registry import Environment, Pretraining
 
-from .apps import NEW, PRETRAIN, app_group, entity_words
+from .apps import NEW, PRETRAIN, app_group, entity_words, world_fingerprint
 from .chance import chance_row
 from .env import ToolWorldEnv
 from .experts import ScriptedExpert, convention_start
@@ -37,4 +37,5 @@ def make(p) -> Environment:
         pretraining=Pretraining(demos=demonstrations, words=entity_words, finish=unseen_apps_as_unknown),
         chance=lambda tasks, groups: chance_row(tasks, groups, e.max_turns, e.success_threshold),
         convention_start=convention_start,
+        fingerprint=world_fingerprint(tw.world_seed, tw.pretrain_apps),
     )
