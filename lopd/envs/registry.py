@@ -4,7 +4,7 @@ An :class:`Environment` is what the stages need from a domain and nothing more: 
 split, a fresh episode per task, the success threshold, the observation-lite text of a trajectory
 (what the bank keeps and the teacher reads), and optionally a grouping for reports, a scripted
 expert (the bank's top-up, the expert checks) and hooks only ToolWorld has (the embedded base's
-pre-training corpus, the chance row, convention tokens).
+pre-training corpus, the chance row, convention tokens, the decisions its conventions set).
 
 ``env.name`` is a built-in (:data:`BUILTINS`, imported only when named) or a user's own as
 ``package.module:factory``; a factory takes the resolved params and returns an ``Environment``.
@@ -80,6 +80,9 @@ class Environment:
     pretraining: Pretraining | None = None  # None: pre-train on the expert's episodes of train tasks
     chance: Callable[[Sequence, Mapping[str, str]], dict] | None = None  # (tasks, task id -> group) -> the chance row
     convention_start: Callable[[Any, Sequence[str], Sequence[str | None], int], int | None] | None = None  # token kinds
+    # (task, actions, observations, turn) -> {kind: (right action, wrong action)}: the decisions a hidden convention sets
+    # at that turn (lopd.train.decisions); None = no decision probe
+    decisions: Callable[[Any, Sequence[str], Sequence[str | None], int], dict[str, tuple[str, str]]] | None = None
 
     def play(self, task, agent) -> dict:
         """``agent`` through one episode of ``task``: actions, observations, shorts, reward, success."""
