@@ -387,6 +387,17 @@ def test_decision_probe_lands_in_history_and_curve_in_0_1(full_run):
     assert all(v is not None for h in details["lopd"]["history"] for v in (h[f"decision/{k}/loss_share"] for k in kinds))
 
 
+
+def test_decisions_plot_draws_from_one_or_several_seeds_and_skips_runs_without_decisions(full_run, tmp_path):
+    p, _ = full_run
+    details = json.loads(layout.metrics_path(p, "distill").read_text())["details"]
+    for seeds in ({0: details}, {0: details, 1: details}):
+        path = distill.plot_decisions(seeds, tmp_path / f"{len(seeds)}" / "decisions.png")
+        assert path.read_bytes()[:4] == b"\x89PNG"
+    bare = {m: {**r, "curve": [{k: v for k, v in pt.items() if not k.startswith("decision/")} for pt in r["curve"]]} for m, r in details.items()}
+    assert distill.plot_decisions({0: bare}, tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
+
+
 def test_grpo_covers_fewer_tasks_with_groups(project):
     from lopd.train.grpo import GRPOTrainer
 
