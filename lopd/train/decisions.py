@@ -24,6 +24,7 @@ Shapes as in ``lopd.train.losses``: B rows, T positions (target layout), N decis
 from __future__ import annotations
 
 import logging
+import random
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -231,7 +232,11 @@ class DecisionProbe:
         probe = cls(p, tokenizer, tasks, {})
         key = (p.digest(), tuple(t.task_id for t in tasks))
         if key not in _TEACHER_CACHE:
-            _TEACHER_CACHE[key] = probe.teacher_scores(trainer)
+            # loading models may draw from the global RNGs: a measurement must leave the run's numbers (and a resume's) alone
+            state, devices = random.getstate(), [torch.cuda.current_device()] if torch.cuda.is_available() else []
+            with torch.random.fork_rng(devices=devices):
+                _TEACHER_CACHE[key] = probe.teacher_scores(trainer)
+            random.setstate(state)
         probe.teachers = _TEACHER_CACHE[key]
         return probe
 
