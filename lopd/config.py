@@ -210,6 +210,7 @@ class DistillParams(_Section):
     checkpoint_every: int = Field(10, ge=1, description="Steps between checkpoints (resume restarts from the last one)")
     eval_every: int = Field(10, ge=1, description="Steps between dev evaluations (plus one before the first step and one after the last)")
     eval_dev_tasks: int = Field(64, ge=1, description="Dev tasks per evaluation, one sample each, same seed every time (not charged to the budget)")
+    decision_tasks: int = Field(32, ge=0, description="New-app dev tasks whose convention decisions (format, check, commit) are scored at each dev evaluation: P(right) of student and teachers, loss share per step; 0 = off")
     sft_lr: float = Field(1e-5, gt=0.0, description="Learning rate of the SFT baseline (rejection-sampling fine-tuning)")
     opsd_lr: float = Field(1e-5, gt=0.0, description="Student learning rate of the text-privilege baseline opsd (as LOPD's student: 1e-5)")
     resume: bool = Field(False, description="Continue each method from its last checkpoint instead of starting over")

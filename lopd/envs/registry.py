@@ -4,7 +4,7 @@ An :class:`Environment` is what the stages need from a domain and nothing more: 
 split, a fresh episode per task, the success threshold, the observation-lite text of a trajectory
 (what the bank keeps and the teacher reads), and optionally a grouping for reports, a scripted
 expert (the bank's top-up, the expert checks) and hooks only ToolWorld has (the embedded base's
-pre-training corpus, the chance row, convention tokens).
+pre-training corpus, the chance row, convention tokens, the decisions its conventions set).
 
 ``env.name`` is a built-in (:data:`BUILTINS`, imported only when named) or a user's own as
 ``package.module:factory``; a factory takes the resolved params and returns an ``Environment``.
@@ -81,6 +81,9 @@ class Environment:
     chance: Callable[[Sequence, Mapping[str, str]], dict] | None = None  # (tasks, task id -> group) -> the chance row
     convention_start: Callable[[Any, Sequence[str], Sequence[str | None], int], int | None] | None = None  # token kinds
     fingerprint: str | None = None  # short hash of the world's hidden rules: a base pre-trained in another world does not match it
+    # (task, actions, observations, turn) -> {kind: (right action, wrong action)}: the decisions a hidden convention sets
+    # at that turn (lopd.train.decisions); None = no decision probe
+    decisions: Callable[[Any, Sequence[str], Sequence[str | None], int], dict[str, tuple[str, str]]] | None = None
 
     def play(self, task, agent) -> dict:
         """``agent`` through one episode of ``task``: actions, observations, shorts, reward, success."""

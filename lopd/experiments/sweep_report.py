@@ -31,7 +31,7 @@ from lopd.experiments.sweep_markdown import EFFICIENCY_KEYS, FINAL_WINDOW, headl
 from lopd.experiments.sweep_plots import DYNAMICS, plot_dev_curves, plot_dynamics
 from lopd.experiments.tables import aggregate, aggregate_table, csv_table, markdown_table, seed_rows
 from lopd.io import atomic_path, read_json, write_json
-from lopd.stages.distill import efficiency
+from lopd.stages.distill import efficiency, plot_decisions
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +239,7 @@ def build(p: Params, ablations: Sequence[str] = (), name: str = "sweep", log_to_
     if {"lopd", "opsd"} <= set(sweep["methods"]):  # the teacher's signal: latent privilege against text privilege
         plots.append(plot_dynamics({"lopd (latents)": details, "opsd (text)": details}, plots_dir / "teacher_signal.png",
                                    keys=("delta", "kl"), method_of={"opsd (text)": "opsd"}))
+    plots += [x for x in (plot_decisions(details, plots_dir / "decisions.png"),) if x is not None]  # None: no decisions recorded
 
     abl_records, abl_details = [], {}
     per_seed_main = {m: {int(k): v for k, v in by.items()} for m, by in sweep["per_seed"].items()}

@@ -19,9 +19,11 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+import warnings
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 
 from lopd import layout
@@ -121,7 +123,65 @@ def plot_curves(results: dict, out_dir: Path) -> list[Path]:
         a2.set(xlabel="step", ylabel="nats", title="trajectory margin Δ")
         a2.legend()
         paths.append(_save(plt, fig, out_dir / "lopd_beta_delta.png"))
-    return paths
+    decisions = plot_decisions({0: results}, out_dir / "decisions.png")
+    return paths + ([decisions] if decisions else [])
+
+
+DECISION_KINDS = ("format", "check", "commit")
+METHOD_COLORS = {"lopd": "C0", "opsd": "C1", "grpo": "C2", "sft": "C3"}
+
+
+def _seed_band(ax, runs: Sequence[Mapping], method: str, series: str, key: str, color: str) -> None:
+    """``key`` of ``method``'s ``series`` (curve or history) against generations: mean ± 1 std over ``runs`` (seeds), aligned by index."""
+    rows = [r[method][series] for r in runs if r.get(method, {}).get(series) and key in r[method][series][-1]]
+    if not rows:
+        return
+    n = min(len(r) for r in rows)
+    x = np.array([[pt["rollouts_cum"] for pt in r[:n]] for r in rows], dtype=float).mean(0)
+    y = np.array([[np.nan if pt.get(key) is None else pt[key] for pt in r[:n]] for r in rows], dtype=float)
+    with warnings.catch_warnings():  # a step where every seed's share is NaN (a GRPO batch of equal rewards) is a gap
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean, std = np.nanmean(y, 0), (np.nanstd(y, 0, ddof=1) if len(rows) > 1 else np.zeros(n))
+    ax.plot(x, mean, marker=".", ms=4, color=color, label=method)
+    ax.fill_between(x, mean - std, mean + std, alpha=0.2, color=color)
+
+
+def plot_decisions(details: Mapping[int, Mapping], path: Path) -> Path | None:
+    """Where learning stops (``lopd.train.decisions``): one column per decision kind at the new apps.
+
+    ``details``: ``{seed: distill.json's details}``. Top: each method's student P(right) against
+    generations (mean ± 1 std over seeds), the text and latent teachers as dashed and dotted lines;
+    bottom: each method's share of its training loss on that decision's tokens, per step. None
+    when no run recorded decisions (``distill.decision_tasks = 0``).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = list(details.values())
+    methods = [m for m in METHOD_COLORS if any(r.get(m, {}).get("curve") and "decision/format/student" in r[m]["curve"][0] for r in runs)]
+    if not methods:
+        return None
+    fig, axes = plt.subplots(2, len(DECISION_KINDS), figsize=(4.4 * len(DECISION_KINDS), 7), sharex=True)
+    for j, kind in enumerate(DECISION_KINDS):
+        top, bottom = axes[0, j], axes[1, j]
+        for m in methods:
+            _seed_band(top, runs, m, "curve", f"decision/{kind}/student", METHOD_COLORS[m])
+            _seed_band(bottom, runs, m, "history", f"decision/{kind}/loss_share", METHOD_COLORS[m])
+        for role, ls in (("teacher_text", "--"), ("teacher_latent", ":")):  # fixed: the first point of any method's curve
+            refs = [r[m]["curve"][0].get(f"decision/{kind}/{role}") for r in runs for m in methods if r.get(m, {}).get("curve")]
+            refs = [v for v in refs if v is not None]
+            if refs:
+                top.axhline(float(np.mean(refs)), ls=ls, c="k", lw=1.2, label=f"{role.split('_')[1]} teacher")
+        top.set(title=f"{kind}: P(right) at new apps", ylim=(-0.02, 1.02), ylabel="σ(log π(right) − log π(wrong))" if j == 0 else None)
+        bottom.set(title=f"{kind}: share of the training loss", xlabel="generations (cumulative rollouts)",
+                   ylabel="loss mass on its tokens / all" if j == 0 else None)
+        for ax in (top, bottom):
+            ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _save(plt, fig, path)
 
 
 def _save(plt, fig, path: Path) -> Path:

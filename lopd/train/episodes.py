@@ -14,7 +14,7 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, NamedTuple, Sequence
 
 import torch
 
@@ -34,6 +34,15 @@ class Episode:
     prompt_len: int
     reward: float
     success: bool = False  # reward >= threshold and the agent finished (the environment's verdict)
+
+
+class TokenLoss(NamedTuple):
+    """A step's per-token training loss (detached), for diagnostics (``lopd.train.decisions``): the batch's
+    episodes in row order, ``loss_BT`` in the target layout of ``lopd.train.losses`` and the action ``mask_BT``."""
+
+    episodes: Sequence
+    loss_BT: torch.Tensor
+    mask_BT: torch.Tensor
 
 
 def from_trajectory(task, traj: Trajectory, messages: list[dict]) -> Episode:

@@ -24,8 +24,8 @@ import torch
 
 from lopd.config import Params
 from lopd.policy.scoring import token_logprobs
-from lopd.train.episodes import Episode, Timer, student_batch, to_episodes
-from lopd.train.losses import grpo_advantages, grpo_policy_loss, masked_mean
+from lopd.train.episodes import Episode, Timer, TokenLoss, student_batch, to_episodes
+from lopd.train.losses import grpo_advantages, grpo_token_loss, masked_mean
 from lopd.train.onpolicy import tasks_per_step
 from lopd.train.parallel import DataParallel
 from lopd.train.updater import make_updater, save_hf
@@ -42,12 +42,14 @@ def grpo_update(
     pad_id: int,
     dp: DataParallel = DataParallel(),
     scale_rewards: str = "group",
+    record: dict | None = None,
 ) -> dict[str, float]:
     """``updates`` clipped-ratio steps on one group batch; ``episodes`` are task-major (row n·G + g).
 
     ``updater`` is the optimiser step (``lopd.train.updater``). Returns the first update's loss
     and the mean clip fraction over the updates (the share of action tokens whose ratio left
     ``[1 − ε, 1 + ε]``), both over every rank's tokens (``dp``: this rank's groups are its shard).
+    ``record``, when given, receives the first update's per-token loss as ``token_loss`` (a ``TokenLoss``).
     """
     n, g = reward_NG.shape
     if len(episodes) != n * g:
@@ -62,7 +64,10 @@ def grpo_update(
     model.train()
     for _ in range(updates):
         _, logp_BT = token_logprobs(model, ids_BT, attn_BT, mask_BT)
-        loss = grpo_policy_loss(logp_BT, old_logp_BT, adv_B, mask_BT, clip_eps)
+        loss_BT = grpo_token_loss(logp_BT, old_logp_BT, adv_B, clip_eps)
+        loss = masked_mean(loss_BT, mask_BT)  # lopd.train.losses.grpo_policy_loss
+        if record is not None and not losses:
+            record["token_loss"] = TokenLoss(episodes, loss_BT.detach(), mask_BT)
         with torch.no_grad():
             ratio_BT = torch.exp(logp_BT - old_logp_BT)
             clip_fracs.append(dp.average(masked_mean(((ratio_BT - 1.0).abs() > clip_eps).float(), mask_BT), w_tok))
@@ -94,12 +99,15 @@ class GRPOTrainer:
         g = self.samples_per_task
         episodes = to_episodes(self.p, tasks, trajs)
         reward_NG = torch.tensor([tr.reward for tr in trajs], dtype=torch.float32).reshape(len(trajs) // g, g)
+        record: dict = {}
         with self.timer("policy_update"):
-            return grpo_update(
+            out = grpo_update(
                 self.student, self.opt_student, episodes, reward_NG, clip_eps=self.p.grpo.clip_eps,
                 updates=self.p.grpo.updates_per_batch, pad_id=self.tokenizer.pad_token_id, dp=self.dp,
-                scale_rewards=self.p.grpo.scale_rewards,
+                scale_rewards=self.p.grpo.scale_rewards, record=record,
             )
+        self.token_loss = record["token_loss"]  # where the loss falls (lopd.train.decisions)
+        return out
 
     def end_round(self, round_: int) -> None:
         """GRPO keeps no bank: nothing to refresh."""

@@ -52,21 +52,31 @@ def collate_weights(examples: Sequence[tuple], width: int) -> torch.Tensor:
     return w_BT
 
 
-def masked_nll(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, labels_BT: torch.Tensor, weights_BT: torch.Tensor | None = None) -> torch.Tensor:
+def masked_nll(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, labels_BT: torch.Tensor, weights_BT: torch.Tensor | None = None,
+               *, per_token: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Mean NLL of the labelled (action) tokens; with ``weights_BT``, the weighted mean.
 
     Projects only the positions that carry a label through the LM head: with actions a quarter
     of the tokens, this skips most of the vocabulary matmul a full ``model(labels=...)`` does.
+    ``per_token``: also the detached NLL of each token, ``(B, T)`` with ``[b, t]`` = −log π(ids[b, t] | ids[b, <t])
+    (0 off the labels), the mean itself computed exactly as without it.
     """
     h_BTD = model.get_decoder()(input_ids=ids_BT, attention_mask=attn_BT).last_hidden_state
     tgt_BT = labels_BT[:, 1:]
     sel_BT = tgt_BT != IGNORE
     logits_ND = model.get_output_embeddings()(h_BTD[:, :-1][sel_BT])
     if weights_BT is None:
-        return torch.nn.functional.cross_entropy(logits_ND.float(), tgt_BT[sel_BT])
-    w_N = weights_BT[:, 1:][sel_BT]
-    nll_N = torch.nn.functional.cross_entropy(logits_ND.float(), tgt_BT[sel_BT], reduction="none")
-    return (nll_N * w_N).sum() / w_N.sum()
+        loss = torch.nn.functional.cross_entropy(logits_ND.float(), tgt_BT[sel_BT])
+    else:
+        w_N = weights_BT[:, 1:][sel_BT]
+        nll_N = torch.nn.functional.cross_entropy(logits_ND.float(), tgt_BT[sel_BT], reduction="none")
+        loss = (nll_N * w_N).sum() / w_N.sum()
+    if not per_token:
+        return loss
+    with torch.no_grad():
+        nll_BT = torch.zeros(labels_BT.shape, dtype=torch.float32, device=labels_BT.device)
+        nll_BT[:, 1:][sel_BT] = torch.nn.functional.cross_entropy(logits_ND.detach().float(), tgt_BT[sel_BT], reduction="none")
+    return loss, nll_BT
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int, decay_start: int | None = None) -> float:

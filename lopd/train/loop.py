@@ -32,6 +32,7 @@ from lopd.config import Params, ParamsError
 from lopd.io import atomic_path, replace_path
 from lopd.policy.engine import train_tasks_by_id
 from lopd.train.bank_distiller import BankDistiller
+from lopd.train.decisions import DecisionProbe
 from lopd.train.lopd_trainer import LOPDTrainer
 from lopd.train.onpolicy import derive_seed, ends_round, rollout_budget, round_of, step_tasks
 from lopd.train.opsd_trainer import OPSDTrainer
@@ -52,7 +53,7 @@ def comparable_hash(p: Params) -> str:
     d = p.model_dump()
     for key in ("profile", "tracking", "paths", "schedule", "sweep"):
         d.pop(key)
-    for key in ("methods", "resume", "checkpoint_every"):
+    for key in ("methods", "resume", "checkpoint_every", "decision_tasks"):  # decision_tasks: a measurement, no number moves
         d["distill"].pop(key)
     if p.distill.init == "champion":  # which champion it starts from (the copy's registry marker: name, version, checkpoint hash)
         marker = layout.champion_dir(p) / "registry.json"
@@ -242,14 +243,16 @@ def train_method(p: Params, method: str, *, resume: bool = False, stop_after: in
     budget = RolloutBudget(rollout_budget(p))
     budget.used = state.rollouts_used
     train_tasks = split_tasks(p, "train")
+    probe = DecisionProbe.maybe(p, tokenizer, trainer)  # convention decisions at new apps (None: distill.decision_tasks = 0)
 
     def evaluate_dev() -> None:
         with generation():
-            point = {"step": state.step, "rollouts_cum": budget.used, "train_wall_s": state.train_wall_s, **dev_eval(p, engine, dev_tasks, dp)}
+            point = {"step": state.step, "rollouts_cum": budget.used, "train_wall_s": state.train_wall_s, **dev_eval(p, engine, dev_tasks, dp),
+                     **(probe.at_eval(student) if probe else {})}
         state.curve.append(point)
         state.eval_rollouts += len(dev_tasks)
         # x = generations spent: the efficiency axis of the spec (dev reward vs cumulative rollouts).
-        _log_metrics({k: v for k, v in point.items() if k.startswith("dev_") and v is not None}, budget.used, dp)
+        _log_metrics({k: v for k, v in point.items() if k.startswith(("dev_", "decision/")) and v is not None}, budget.used, dp)
 
     if state.step == 0 and not state.curve:
         evaluate_dev()  # the starting point of the curve (0 generations)
@@ -279,7 +282,7 @@ def train_method(p: Params, method: str, *, resume: bool = False, stop_after: in
         trainer.timer.steps += 1
         state.train_wall_s += time.perf_counter() - t0
         state.step, state.rollouts_used = step + 1, budget.used
-        metrics.update(step_s=time.perf_counter() - t0, train_wall_s=state.train_wall_s)
+        metrics.update(step_s=time.perf_counter() - t0, train_wall_s=state.train_wall_s, **(probe.loss_shares(trainer, dp) if probe else {}))
         state.history.append({"step": step, **metrics})
         _log_metrics(metrics, step, dp)
         bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", **({"beta": f"{metrics['beta']:.3f}"} if "beta" in metrics else {}))
@@ -315,5 +318,6 @@ def _summary(p: Params, method: str, state: LoopState, trainer) -> dict:
     if method == "opsd" and state.history:
         out.update(delta_final=state.history[-1]["delta"], kl_final=state.history[-1]["kl"])
     # Per-step training record (β, Δ, KL, margin violation, rewards, wall-clock): the sweep's curves read it.
-    out["history"] = [{k: (None if v != v else v) for k, v in h.items() if k in HISTORY_KEYS} for h in state.history]  # NaN → null (JSON)
+    out["history"] = [{k: (None if v != v else v) for k, v in h.items() if k in HISTORY_KEYS or k.startswith("decision/")}
+                      for h in state.history]  # NaN → null (JSON)
     return out

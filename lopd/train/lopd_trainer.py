@@ -36,7 +36,7 @@ from lopd.config import Params
 from lopd.latent.teacher import teacher_logprobs
 from lopd.policy.scoring import token_logprobs
 from lopd.train.bank_distiller import BankDistiller
-from lopd.train.episodes import student_batch, teacher_batch, to_episodes
+from lopd.train.episodes import TokenLoss, student_batch, teacher_batch, to_episodes
 from lopd.train.losses import composer_lagrangian, dual_update, latent_anchor, masked_mean, privilege, topm_kl_per_token, trajectory_margin
 from lopd.train.parallel import DataParallel
 from lopd.train.updater import make_updater
@@ -99,7 +99,9 @@ class LOPDTrainer(BankDistiller):
 
         # 4. Student update: reverse KL(π_S ‖ π_T) on top-M + tail per action token, teacher detached (E1).
         with self.timer("student_update"):
-            kl = masked_mean(topm_kl_per_token(s_logp_BTV.gather(-1, ids_BTM), t.topm_logp_BTM), mask_BT)
+            kl_BT = topm_kl_per_token(s_logp_BTV.gather(-1, ids_BTM), t.topm_logp_BTM)
+            kl = masked_mean(kl_BT, mask_BT)
+            self.token_loss = TokenLoss(episodes, kl_BT.detach(), mask_BT)  # where the loss falls (lopd.train.decisions)
             student_norm = self.opt_student.step(kl * w_tok)
             self.student.eval()
         kl_value = self.dp.average(kl.item(), w_tok)

@@ -200,6 +200,13 @@ def grpo_advantages(reward_NG: Tensor, eps: float = 1e-4, scale: Literal["group"
     return centred_NG / (reward_NG.std(dim=1, keepdim=True) + eps) if scale == "group" else centred_NG
 
 
+def grpo_token_loss(logp_BT: Tensor, old_logp_BT: Tensor, advantage_B: Tensor, clip_eps: float) -> Tensor:
+    """The clipped surrogate's loss per token, −min(ρA, clip(ρ, 1±ε)A): ``(B, T)`` (unmasked)."""
+    ratio_BT = torch.exp(logp_BT - old_logp_BT.detach())
+    adv_B1 = advantage_B.to(logp_BT.dtype)[:, None]
+    return -torch.minimum(ratio_BT * adv_B1, ratio_BT.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv_B1)
+
+
 def grpo_policy_loss(
     logp_BT: Tensor, old_logp_BT: Tensor, advantage_B: Tensor, mask_BT: Tensor, clip_eps: float
 ) -> Tensor:
@@ -210,7 +217,4 @@ def grpo_policy_loss(
     Normalising by all action tokens in the batch (not per sequence) is the token-level
     aggregation of DAPO / TRL's ``loss_type="dapo"``.
     """
-    ratio_BT = torch.exp(logp_BT - old_logp_BT.detach())
-    adv_B1 = advantage_B.to(logp_BT.dtype)[:, None]
-    surrogate_BT = torch.minimum(ratio_BT * adv_B1, ratio_BT.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv_B1)
-    return -masked_mean(surrogate_BT, mask_BT)
+    return masked_mean(grpo_token_loss(logp_BT, old_logp_BT, advantage_B, clip_eps), mask_BT)

@@ -16,7 +16,7 @@ from lopd.config import Params
 from lopd.latent.teacher import teacher_logprobs, text_teacher_batch
 from lopd.policy.scoring import token_logprobs
 from lopd.train.bank_distiller import BankDistiller
-from lopd.train.episodes import student_batch, to_episodes
+from lopd.train.episodes import TokenLoss, student_batch, to_episodes
 from lopd.train.losses import masked_mean, privilege, topm_kl_per_token, trajectory_margin
 from lopd.train.parallel import DataParallel
 
@@ -60,7 +60,9 @@ class OPSDTrainer(BankDistiller):
             delta = self.dp.average(trajectory_margin(privilege(t.token_logp_BT, s_tok_BT, mask_BT), reward_B, mask_BT), w_tok)
         # 2. Student update: the same reverse KL(π_S ‖ π_T) on top-M + tail as LOPD's.
         with self.timer("student_update"):
-            kl = masked_mean(topm_kl_per_token(s_logp_BTV.gather(-1, t.topm_ids_BTM), t.topm_logp_BTM), mask_BT)
+            kl_BT = topm_kl_per_token(s_logp_BTV.gather(-1, t.topm_ids_BTM), t.topm_logp_BTM)
+            kl = masked_mean(kl_BT, mask_BT)
+            self.token_loss = TokenLoss(episodes, kl_BT.detach(), mask_BT)  # where the loss falls (lopd.train.decisions)
             norm = self.opt_student.step(kl * w_tok)
             self.student.eval()
         return {"kl": self.dp.average(kl.item(), w_tok), "delta": delta, "student_grad_norm": norm, "new_successes": self.keep_successes(trajs)}

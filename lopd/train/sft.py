@@ -14,7 +14,7 @@ import random
 from typing import Sequence
 
 from lopd.config import Params
-from lopd.train.episodes import Episode, Timer, initial_messages, to_episodes
+from lopd.train.episodes import Episode, Timer, TokenLoss, initial_messages, to_episodes
 from lopd.train.lm_train import IGNORE, collate, masked_nll
 from lopd.train.parallel import DataParallel
 from lopd.train.updater import make_updater, save_hf
@@ -42,7 +42,7 @@ class SFTTrainer:
         # Every rank keeps every rank's successes (gathered in task order): one pool, as one process has.
         wins = self.dp.gather([e for e in to_episodes(self.p, tasks, trajs) if e.success])
         self.new += wins  # rejection sampling: only successes are kept
-        pool = self.pool
+        pool, self.token_loss = self.pool, None
         if len(pool) < self.dp.world:  # every rank needs an episode (one process: an empty pool); same on all ranks
             return {"loss": float("nan"), "pool_size": 0.0, "new_successes": float(len(wins))}
         rng = random.Random(f"{self.p.seed}:sft:{step}")
@@ -53,7 +53,8 @@ class SFTTrainer:
             self.student.train()
             ids_BT, attn_BT, labels_BT = (t.to(device) for t in collate([(e.token_ids, e.action_mask) for e in batch], self.tokenizer.pad_token_id))
             w = self.dp.weight((labels_BT[:, 1:] != IGNORE).sum())  # token mean over every rank's batch
-            loss = masked_nll(self.student, ids_BT, attn_BT, labels_BT)
+            loss, nll_BT = masked_nll(self.student, ids_BT, attn_BT, labels_BT, per_token=True)
+            self.token_loss = TokenLoss(batch, nll_BT, labels_BT != IGNORE)  # where the loss falls (lopd.train.decisions)
             norm = self.opt_student.step(loss * w)
             self.student.eval()
         return {"loss": self.dp.average(loss.item(), w), "grad_norm": norm, "pool_size": float(len(pool)), "new_successes": float(len(wins))}

@@ -369,6 +369,35 @@ def test_every_method_spends_the_same_budget(full_run):
     assert len(saved["details"]["lopd"]["history"]) == p.distill.steps and {"beta", "delta", "kl", "margin_violation"} <= set(saved["details"]["lopd"]["history"][0])
 
 
+def test_decision_probe_lands_in_history_and_curve_in_0_1(full_run):
+    """distill.decision_tasks (on by default): P(right) of the student at every dev evaluation, the fixed
+    teachers' beside it, and each method's loss share per step, for every decision kind, all in [0, 1]."""
+    p, _ = full_run
+    details = json.loads(layout.metrics_path(p, "distill").read_text())["details"]
+    kinds = ("format", "check", "commit")
+    for m in ("lopd", "opsd", "grpo", "sft"):
+        for pt in details[m]["curve"]:
+            for k in kinds:
+                for role in ("student", "teacher_text", "teacher_latent"):
+                    assert 0.0 <= pt[f"decision/{k}/{role}"] <= 1.0, (m, k, role)
+        assert len({pt["decision/format/teacher_latent"] for pt in details[m]["curve"]}) == 1  # the teachers are fixed
+        shares = [h.get(f"decision/{k}/loss_share") for h in details[m]["history"] for k in kinds]
+        assert len(shares) == 3 * p.distill.steps and all(v is None or 0.0 <= v <= 1.0 for v in shares), (m, shares)
+    assert details["lopd"]["curve"][0]["decision/check/teacher_text"] == details["grpo"]["curve"][0]["decision/check/teacher_text"]
+    assert all(v is not None for h in details["lopd"]["history"] for v in (h[f"decision/{k}/loss_share"] for k in kinds))
+
+
+
+def test_decisions_plot_draws_from_one_or_several_seeds_and_skips_runs_without_decisions(full_run, tmp_path):
+    p, _ = full_run
+    details = json.loads(layout.metrics_path(p, "distill").read_text())["details"]
+    for seeds in ({0: details}, {0: details, 1: details}):
+        path = distill.plot_decisions(seeds, tmp_path / f"{len(seeds)}" / "decisions.png")
+        assert path.read_bytes()[:4] == b"\x89PNG"
+    bare = {m: {**r, "curve": [{k: v for k, v in pt.items() if not k.startswith("decision/")} for pt in r["curve"]]} for m, r in details.items()}
+    assert distill.plot_decisions({0: bare}, tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
+
+
 def test_grpo_covers_fewer_tasks_with_groups(project):
     from lopd.train.grpo import GRPOTrainer
 

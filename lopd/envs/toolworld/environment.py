@@ -11,7 +11,7 @@ from lopd.envs.registry import Environment, Pretraining
 from .apps import NEW, PRETRAIN, app_group, entity_words, world_fingerprint
 from .chance import chance_row
 from .env import ToolWorldEnv
-from .experts import ScriptedExpert, convention_start
+from .experts import ScriptedExpert, convention_start, decision_alternatives
 from .lite import lite_text
 from .pretraining import demonstrations, unseen_apps_as_unknown
 from .tasks import make_tasks
@@ -38,4 +38,5 @@ def make(p) -> Environment:
         chance=lambda tasks, groups: chance_row(tasks, groups, e.max_turns, e.success_threshold),
         convention_start=convention_start,
         fingerprint=world_fingerprint(tw.world_seed, tw.pretrain_apps),
+        decisions=decision_alternatives,
     )

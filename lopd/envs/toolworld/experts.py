@@ -97,3 +97,23 @@ def convention_start(task: Task, actions: Sequence[str], observations: Sequence[
         if other != plan:
             starts.append(next((k for k, (x, y) in enumerate(zip(plan, other)) if x != y), min(len(plan), len(other))))
     return min(starts) if starts else None
+
+
+# The decisions an app's hidden conventions set, by the name a report gives them (prereq = whether to check first).
+DECISION_KINDS = {"format": "format", "prereq": "check", "commit": "commit"}
+
+
+def decision_alternatives(task: Task, actions: Sequence[str], observations: Sequence[str | None], i: int) -> dict[str, tuple[str, str]]:
+    """At turn ``i`` (after the first ``i`` actions and observations), every decision a convention sets there:
+    ``{kind: (right, wrong)}``, the plan's next action under the app's conventions and under that one convention
+    flipped, for each convention whose flip changes it (``format``, ``check``, ``commit``; none at a lookup).
+    ``actions[i]`` itself is not read: the same pair serves an expert's turn and a student's."""
+    fam = REGISTRY[task.family]
+    done = observed(list(zip(actions[:i], observations[:i])))
+    plan = render(fam.next_step(task.goal, task.conventions, done))
+    out = {}
+    for key, (a, b) in fam.options.items():
+        other = render(fam.next_step(task.goal, {**task.conventions, key: b if task.conventions[key] == a else a}, done))
+        if other != plan:
+            out[DECISION_KINDS[key]] = (plan, other)
+    return out
