@@ -301,13 +301,15 @@ def test_report_efficiency_is_each_seeds_own_and_plots_are_written(swept):
     assert set(eff["rollouts_to_grpo_final_frac"]["per_seed"]) == {str(k) for k in SEEDS}
     assert all(0.0 <= f <= 1.0 for f in fracs) and eff["not_reached"] == [k for k in SEEDS if fracs[k] == 1.0 and
                                                                          not eff["per_seed"][str(k)]["grpo_final_reached"]]
-    for rel in ("metrics/plots/dev_vs_rollouts.png", "metrics/plots/dev_vs_wall.png", "metrics/plots/lopd_dynamics.png"):
+    for rel in ("metrics/plots/dev_vs_rollouts.png", "metrics/plots/dev_vs_wall.png", "metrics/plots/lopd_dynamics.png",
+                "metrics/plots/decisions.png"):
         assert (p.root() / rel).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and rel in result["plots"]
     md = (p.root() / "metrics" / "sweep.md").read_text()
     assert "## Efficiency" in md and "rollouts_to_grpo_final_frac" in md and "lopd " in md
     assert "tracking_uri" not in result and str(p.root()) not in json.dumps(result)  # no machine paths in metrics files
     artifacts = {a.path for a in _client(p).list_artifacts(result["parent_run_id"], "plots")}
-    assert artifacts == {"plots/dev_vs_rollouts.png", "plots/dev_vs_wall.png", "plots/lopd_dynamics.png", "plots/ablation_dynamics.png"}
+    assert artifacts == {"plots/dev_vs_rollouts.png", "plots/dev_vs_wall.png", "plots/lopd_dynamics.png", "plots/ablation_dynamics.png",
+                         "plots/decisions.png"}
     # per-seed efficiency in the json and the md; a degenerate seed is flagged (GRPO ends no higher than the base starts)
     for k in SEEDS:
         start = result["efficiency"]["base_dev_success"][str(k)]

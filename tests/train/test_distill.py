@@ -550,16 +550,16 @@ def test_methods_run_one_at_a_time_end_up_in_one_comparison(tmp_path):
 def test_workers_train_methods_in_processes_of_their_own_with_the_same_numbers(tmp_path):
     """distill.workers=2: grpo and sft in two spawned one-thread processes give exactly the numbers
     of the same methods trained in turn in this process on one thread (and MLflow runs of their own)."""
-    p = build_project(tmp_path / "turn")
+    p = build_project(tmp_path / "turn", "distill.decision_tasks=0")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         in_turn = distill.run(p, methods=["grpo", "sft"])
     finally:
         torch.set_num_threads(threads)
-    q = build_project(tmp_path / "workers", "distill.workers=2", "tracking.tracking_uri=sqlite:///" + str(tmp_path / "mlflow.db"))
+    q = build_project(tmp_path / "workers", "distill.workers=2", "distill.decision_tasks=0", "tracking.tracking_uri=sqlite:///" + str(tmp_path / "mlflow.db"))
     # the workers are fresh processes: this module's fakes (embedder, no MLflow) do not reach them,
-    # and grpo and sft read neither the embedder nor the index
+    # and grpo and sft read neither the embedder nor the index (the decision probe's teachers would)
     out = distill.run(q, methods=["grpo", "sft"])
     for m in ("grpo", "sft"):
         a, b = in_turn["details"][m], out["details"][m]
