@@ -140,7 +140,8 @@ def train_base(p: Params, path, on_step=None) -> dict:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     return {**demo_info, "demo_tokens": sum(len(ex[0]) for ex in examples), "pretrain_steps": len(losses),
-            "final_loss": sum(losses[-10:]) / len(losses[-10:]), "pretrain_s": time.perf_counter() - td}
+            "final_loss": sum(losses[-10:]) / len(losses[-10:]), "pretrain_s": time.perf_counter() - td,
+            "pretrain_threads": torch_threads()}
 
 
 def measure(p: Params, path) -> dict:
@@ -248,13 +249,19 @@ def export_base(p: Params, out=None) -> dict:
     model, tokenizer = load_policy(src, "float32")
     with tempfile.TemporaryDirectory() as td:  # measure exactly what is committed: the float16 weights
         record = {"recipe": base_asset.recipe(p), "pretrain_s": info["pretrain_s"], "pretrain_steps": info["pretrain_steps"],
-                  "machine": f"{platform.machine()}, {os.cpu_count()} CPU threads, torch {torch_version()}",
+                  "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {info.get('pretrain_threads', '?')} torch thread(s), torch {torch_version()}",
                   "command": f"lopd bootstrap --profile {p.profile} --set bootstrap.source=train && lopd export-base --profile {p.profile}"}
         base_asset.write_asset(model, tokenizer, Path(td) / "base", {**record, "metrics": {}}, "")
         record["metrics"] = {"expert_success_rate": info["expert_success_rate"], **measure(p, Path(td) / "base")}
         base_asset.write_asset(model, tokenizer, out, record, base_asset.model_card(record))
     log.info("export-base: wrote %s (dev success %.3f)", out, record["metrics"]["dev_success_rate"])
     return record
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def torch_version() -> str:
