@@ -14,7 +14,7 @@ from lopd.memory.bank import round_numbers
 pytestmark = pytest.mark.slow
 
 TOY = ["collect.n_tasks=32", "bootstrap.eval_dev_tasks=8", "bootstrap.expert_check_tasks=8", "distill.methods=[grpo]", "distill.steps=2",
-       "distill.batch_tasks=4", "distill.eval_every=2", "distill.eval_dev_tasks=4", "grpo.group_size=2", "registry.dev_tasks=24",
+       "distill.batch_tasks=8", "distill.eval_every=2", "distill.eval_dev_tasks=4", "grpo.group_size=4", "registry.dev_tasks=24",
        "evaluate.n_tasks=4", "evaluate.samples_per_task=1", "rollout.max_new_tokens=48"]
 
 
@@ -34,7 +34,7 @@ def test_weeks_of_traffic_ingest_and_gated_retrains_from_the_champion(repo, tmp_
         assert {"champion_version", "promoted", "dev_success", "dev_success_pretrain", "dev_success_new", "bank_size", "generations",
                 "wall_s", "verdict"} <= set(w)
     assert weeks[0]["verdict"] == "first_champion" and weeks[0]["champion_version"] == 1
-    assert weeks[0]["generations"] == 32 + 2 * 4 and weeks[1]["generations"] == weeks[2]["generations"] == 12 + 2 * 4
+    assert weeks[0]["generations"] == 32 + 2 * 8 and weeks[1]["generations"] == weeks[2]["generations"] == 12 + 2 * 8
     for w in weeks[1:]:
         assert w["verdict"] in ("promoted", "rejected") and w["gate"]["n"] == 24 and w["traffic_tasks"] == 12
         assert w["champion_version"] == (w["challenger_version"] if w["promoted"] else weeks[w["week"] - 1]["champion_version"])

@@ -17,9 +17,10 @@ from lopd.stages import distill, promote
 
 pytestmark = pytest.mark.slow
 
-# The demo profile (the committed base's recipe) at toy scale: 2 GRPO steps of 4 tasks, the gate on 48 dev tasks.
-SMALL = ["distill.methods=[grpo]", "distill.steps=2", "distill.batch_tasks=4", "distill.eval_every=2", "distill.eval_dev_tasks=16",
-         "grpo.group_size=2", "registry.dev_tasks=48", "rollout.max_new_tokens=48", "evaluate.n_tasks=4"]
+# The demo profile (the committed base's recipe) at toy scale: 2 GRPO steps of 8 tasks in groups of 4 (smaller groups all tie
+# on the conditionally balanced world and GRPO would not move), the gate on 48 dev tasks.
+SMALL = ["distill.methods=[grpo]", "distill.steps=2", "distill.batch_tasks=8", "distill.eval_every=2", "distill.eval_dev_tasks=16",
+         "grpo.group_size=4", "registry.dev_tasks=48", "rollout.max_new_tokens=48", "evaluate.n_tasks=4"]
 
 
 def _params(repo, root, *extra):
