@@ -46,6 +46,7 @@ def main() -> None:
     ap.add_argument("--composer", action="append", default=[], metavar="DIR", help="another composer's directory (repeatable)")
     ap.add_argument("--ceiling", action="append", default=[], choices=["last", "first"],
                     help="a row whose latents are the embeddings of each experience's last / first K tokens (repeatable)")
+    ap.add_argument("--no-phi0", action="store_true", help="leave out the cold-start composer's row (e.g. before cold_start has run)")
     ap.add_argument("--out", default=None, help="write the table as JSON here")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     a = ap.parse_args()
@@ -58,7 +59,8 @@ def main() -> None:
     hits = open_retriever(p).retrieve_batch(list(tasks), p.retrieval.n_ret)
     exps = {t.task_id: [h["lite_text"] for h in hs] for t, hs in zip(tasks, hits)}
     composers = {}
-    for name, path in [("latents_phi0", layout.composer_dir(p)), *((f"latents:{d}", Path(d)) for d in a.composer)]:
+    phi0 = [] if a.no_phi0 else [("latents_phi0", layout.composer_dir(p))]
+    for name, path in [*phi0, *((f"latents:{d}", Path(d)) for d in a.composer)]:
         backbone, _ = load_policy(layout.policy_path(p), p.model.dtype)
         composers[name] = Composer.load(backbone, tok, path).eval()
     for end in a.ceiling:

@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(sim)
     sim.add_argument("--weeks", type=int, default=4, help="simulated weeks after the first champion (default: 4)")
     sim.add_argument("--tasks-per-week", type=int, default=64, help="fresh train tasks the champion plays each week (default: 64)")
+    sim.add_argument("--seed", type=int, default=None, help="the simulation's seed: every stage after bootstrap (collect, training, "
+                                                             "traffic, gate) runs with it; the base stays at params' seed, as in a sweep "
+                                                             "(default: params' seed)")
     ui = sub.add_parser("ui", help="print the MLflow UI's links (runs table, newest pipeline run and sweep), then serve the UI over the project store")
     _common(ui)
     ui.add_argument("--host", default="127.0.0.1", help="address to serve on (default: 127.0.0.1)")
@@ -171,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             deployment.check(params, args.weeks, args.tasks_per_week)  # before any compute
-            result = deployment.run(params, args.weeks, args.tasks_per_week)
+            result = deployment.run(params, args.weeks, args.tasks_per_week, seed=args.seed)
         except (ParamsError, DataValidationError, FileNotFoundError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2 if isinstance(e, ParamsError) else 1

@@ -123,14 +123,21 @@ def plot(weeks: list[dict], out: Path) -> Path:
     return out
 
 
-def run(p: Params, weeks: int, tasks_per_week: int) -> dict:
-    """The simulation (module docstring); returns what ``metrics/deployment.json`` holds."""
+def run(p: Params, weeks: int, tasks_per_week: int, seed: int | None = None) -> dict:
+    """The simulation (module docstring); returns what ``metrics/deployment.json`` holds.
+
+    ``seed`` (default ``p.seed``) is the simulation's: every stage after ``bootstrap`` runs with it
+    (the bank ``collect`` gathers, the training, the traffic, the gate's draws). ``bootstrap`` keeps
+    ``p.seed``, so that seeds share one base, as a sweep's do (a committed base matches one seed)."""
     from mlflow.tracking import MlflowClient
 
     from lopd.ops.registry import champion
     from lopd.ops.tracking import pipeline_run, tracking_uri
 
     check(p, weeks, tasks_per_week)
+    base_seed = p.seed
+    if seed is not None:
+        p = p.model_copy(update={"seed": seed})
     records = []
     with pipeline_run(p, "deployment") as parent:
         client = MlflowClient(tracking_uri(p))
@@ -139,7 +146,8 @@ def run(p: Params, weeks: int, tasks_per_week: int) -> dict:
             t0 = time.perf_counter()
             base = p.model_copy(update={"distill": p.distill.model_copy(update={"init": "base"}),
                                         "ingest": p.ingest.model_copy(update={"files": []})})
-            results = {name: STAGES[name](base) for name in first}
+            results = {name: STAGES[name](base.model_copy(update={"seed": base_seed}) if name == "bootstrap" else base)
+                       for name in first}
             collected = p.collect.n_tasks * p.collect.samples_per_task
             records.append(_week_record(0, results["promote"], base, t0, {"collect_generations": collected}))
         retrain = [*needed_stages(p), "evaluate", "promote"]

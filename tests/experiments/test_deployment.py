@@ -58,3 +58,29 @@ def test_weeks_of_traffic_ingest_and_gated_retrains_from_the_champion(repo, tmp_
     shutil.rmtree(layout.bank_dir(p))
     collect.run(p)
     assert round_numbers(layout.bank_dir(p)) == rounds
+
+
+def test_the_simulation_seed_reaches_every_stage_but_bootstrap(repo, tmp_path, monkeypatch):
+    """``--seed K``: the base stays at params' seed (a committed base matches one seed), the stages after it take K."""
+    from lopd.experiments import deployment
+    from lopd.ops import registry
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def recorder(name):
+        def stage(p):
+            seen.append((name, p.seed))
+            if name == "collect":
+                raise Stop
+            return {}
+        return stage
+
+    monkeypatch.setattr(deployment, "STAGES", {n: recorder(n) for n in ("bootstrap", "collect")})
+    monkeypatch.setattr(registry, "champion", lambda p: None)
+    p = load_params(repo / "params.yaml", "demo", [f"paths.root={tmp_path}", f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db"])
+    with pytest.raises(Stop):
+        deployment.run(p, 1, 1, seed=3)
+    assert seen == [("bootstrap", 0), ("collect", 3)]
