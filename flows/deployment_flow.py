@@ -17,10 +17,10 @@ from lopd.experiments import deployment
 
 @flow(name="lopd-deployment", log_prints=True)
 def deployment_flow(params_path: str = "params.yaml", profile: str = DEFAULT_PROFILE, overrides: list[str] | None = None,
-                    weeks: int = 4, tasks_per_week: int = 64) -> dict:
+                    weeks: int = 4, tasks_per_week: int = 64, seed: int | None = None) -> dict:
     """``lopd deploy-sim``: returns what ``metrics/deployment.json`` holds."""
     p = load_params(params_path, None if profile in ("", "none") else profile, overrides or [])
-    return deployment.run(p, weeks, tasks_per_week)
+    return deployment.run(p, weeks, tasks_per_week, seed=seed)
 
 
 if __name__ == "__main__":
@@ -30,5 +30,6 @@ if __name__ == "__main__":
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--weeks", type=int, default=4)
     ap.add_argument("--tasks-per-week", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=None)
     a = ap.parse_args()
-    deployment_flow(a.params, a.profile, a.overrides, a.weeks, a.tasks_per_week)
+    deployment_flow(a.params, a.profile, a.overrides, a.weeks, a.tasks_per_week, a.seed)

@@ -128,7 +128,8 @@ def run(p: Params, weeks: int, tasks_per_week: int, seed: int | None = None) -> 
 
     ``seed`` (default ``p.seed``) is the simulation's: every stage after ``bootstrap`` runs with it
     (the bank ``collect`` gathers, the training, the traffic, the gate's draws). ``bootstrap`` keeps
-    ``p.seed``, so that seeds share one base, as a sweep's do (a committed base matches one seed)."""
+    ``p.seed``, so that seeds share one base, as a sweep's do (a committed base matches one seed). With a
+    ``seed``, the files are ``metrics/deployment-seed<k>.json`` and ``metrics/plots/deployment-seed<k>.png``."""
     from mlflow.tracking import MlflowClient
 
     from lopd.ops.registry import champion
@@ -170,9 +171,10 @@ def run(p: Params, weeks: int, tasks_per_week: int, seed: int | None = None) -> 
                     client.log_metric(parent, f"deployment_{k}", float(r[k]), step=r["week"])
         out = {"weeks": records, "tasks_per_week": tasks_per_week, "methods": [m for m in p.distill.methods if m != "vanilla"],
                "parent_run_id": parent}
-        path = layout.metrics_path(p, "deployment")
+        name = "deployment" if seed is None else f"deployment-seed{seed}"  # seeds of one project never overwrite each other
+        path = layout.metrics_path(p, name)
         write_json(path, out)
-        png = plot(records, p.root() / "metrics" / "plots" / "deployment.png")
+        png = plot(records, p.root() / "metrics" / "plots" / f"{name}.png")
         client.log_artifact(parent, str(path))
         client.log_artifact(parent, str(png), "plots")
     return read_json(path)
