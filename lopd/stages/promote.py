@@ -146,7 +146,10 @@ def record(p: Params, decision: dict) -> dict:
     registry.describe(p, version, f"{head}\n\nGate {decision['at']}: {decision['verdict']}. {decision['reason']}")
     path = layout.metrics_path(p, "promotion")
     old = read_json(path) if path.exists() else {}
-    history = [h for h in old.get("history", []) if old.get("model") == registry.model_name(p)] + [decision]
+    # A first champion means a registry without one (a fresh project): a history in the file (e.g. the one
+    # committed with the demo's metrics) belongs to another registry and is not carried on.
+    carried = decision["champion_before"] is not None and old.get("model") == registry.model_name(p)
+    history = (old.get("history", []) if carried else []) + [decision]
     write_json(path, {"model": registry.model_name(p), "champion_version": decision["champion_after"], "decision": decision,
                       "history": history})
     line = f"promote: {registry.model_name(p)} v{version} ({decision['challenger'].get('method', '?')}): {decision['reason']} -> champion v{decision['champion_after']}"

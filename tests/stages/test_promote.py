@@ -34,6 +34,12 @@ def gated(tmp_path_factory, request):
     good = _params(repo, root)
     base_asset.install(good, layout.base_model_dir(good))
     distill.run(good)
+    # the committed metrics/promotion.json is in every clone, with make run's history of another registry: a fresh
+    # registry's first decision starts its own history (test_a_broken_challenger... reads exactly two entries)
+    stale = layout.metrics_path(good, "promotion")
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(repo / "metrics" / "promotion.json", stale)
+    assert json.loads(stale.read_text())["history"] and json.loads(stale.read_text())["model"] == registry.model_name(good)
     first = promote.run(good)
     shutil.copytree(layout.student_dir(good, "grpo"), root / "first-student")
     broken = _params(repo, root, "grpo.lr=10.0")
