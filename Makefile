@@ -12,10 +12,10 @@ MLFLOW_PORT  ?= 5000
 
 # uv installs the same pinned set as pip in about 45 s instead of about 2.5 min (parallel downloads,
 # installs and bytecode compilation). --compile-bytecode, as pip does: where PYTHONDONTWRITEBYTECODE is
-# set, nothing would ever write the .pyc files and every process (each DVC stage, each Prefect flow run)
-# would compile torch, transformers and mlflow again (the suite took 822 s instead of about 570). It reads no pip config, so pip's find-links (env or pip.conf: where a machine keeps its
-# CPU torch wheel) are passed on; constraints.txt pins torch==2.13.0, on CPU machines the local CPU build,
-# and the install stops if torch is another build on a machine without CUDA.
+# set, nothing else writes the .pyc files, and every process the suite starts (each DVC stage, each
+# Prefect flow run) would compile torch, transformers and mlflow again (822 s instead of about 530).
+# uv reads no pip config, so pip's find-links (env or pip.conf: where a machine keeps its CPU torch
+# wheel) are passed on; the install stops if it got a CUDA build of torch on a machine without CUDA.
 UV_PIN    ?= uv==0.13.10
 FIND_LINKS := $(shell $(PYTHON) -m pip config list 2>/dev/null | sed -n "s/^[^=]*find-links='\([^']*\)'$$/\1/p" | head -1)
 UV_FLAGS   := --python $(BIN)/python $(if $(FIND_LINKS),--find-links $(FIND_LINKS),)
@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	# BFCL v4 (data, function docs, executable backends) without its dependencies: it pins numpy 1.26.4,
 	# faiss-cpu 1.11.0 and a dozen API clients; the eight multi-turn backends need only mpmath (docs/environments.md: BFCL).
 	$(BIN)/uv pip install -q --compile-bytecode $(UV_FLAGS) --no-deps bfcl-eval==2026.3.23
-	$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.__version__ == '2.13.0+cpu' or torch.cuda.is_available() else 'torch ' + torch.__version__ + ' is not the CPU build: give pip (PIP_FIND_LINKS or pip.conf find-links) the folder of the torch-2.13.0+cpu wheel')"
+	$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.version.cuda is None or torch.cuda.is_available() else 'torch ' + torch.__version__ + ' is a CUDA build on a machine without CUDA: give pip (PIP_FIND_LINKS or pip.conf find-links) the folder of the CPU torch wheel')"
 	touch $(STAMP)
 
 install: $(STAMP)
